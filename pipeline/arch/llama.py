@@ -1,0 +1,7 @@
+"""llama: RMSNorm, SwiGLU, RoPE on consecutive pairs (the GGUF converter permutes Q/K for it),
+optional Llama-3 `rope_freqs` frequency factors (read by the base class)."""
+from .base import DecoderArch
+
+
+class Llama(DecoderArch):
+    neox_rope = False

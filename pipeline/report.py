@@ -1,0 +1,59 @@
+"""The result of a run: a dict with the documented keys, a table on the terminal."""
+import json
+
+from . import outputs
+from .placement import describe
+
+
+def build_result(spec, windows, score_task, chain) -> dict:
+    manifests = {t.task_family: outputs.read_manifest(t.out_dir()) for t in chain if t.task_family == "Tokenize"}
+    tokenize = manifests["Tokenize"]
+    scored = json.loads((score_task.out_dir() / "result.json").read_text())
+    elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
+    evaluated = tokenize["n_windows"] * spec.method.ctx
+    from .arch import load_architecture
+
+    hp = load_architecture(spec.gguf).hp
+    return {
+        "ppl": scored["ppl"], "ppl_stderr": scored["ppl_stderr"], "mean_nll": scored["mean_nll"],
+        "tokens_scored": scored["tokens_scored"], "chunks": tokenize["n_windows"],
+        "chunks_available": tokenize["available_windows"], "ctx": spec.method.ctx,
+        "method": spec.method.name, "method_options": spec.method.as_dict(),
+        "placement": [{"device": w.device, "first": w.first, "last": w.last} for w in windows],
+        "placement_text": describe(windows),
+        "model": {"path": str(spec.model_path), "sha256": spec.model_sha256,
+                  "architecture": spec.gguf.architecture, "n_layers": hp.n_layers},
+        "corpus": {**spec.corpus_id, "tokens": tokenize["n_tokens"]},
+        "task": spec.eval_task.name,
+        "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else None,
+        "per_window": scored["per_window"],
+        "outputs": {t.task_family + ("" if t.task_family != "LayerWindow" else f"[{t.first}..{t.last})"):
+                    str(t.out_dir()) for t in [score_task] + chain},
+    }
+
+
+def print_report(r: dict, per_window: bool = False) -> None:
+    rows = [
+        ("PPL", f"{r['ppl']:.4f} +/- {r['ppl_stderr']:.5f}"),
+        ("Mean NLL", f"{r['mean_nll']:.6f}"),
+        ("Tokens scored", f"{r['tokens_scored']:,}"),
+        ("Chunks", f"{r['chunks']} of {r['chunks_available']}"),
+        ("Context", str(r["ctx"])),
+        ("Method", r["method"]),
+        ("Model", f"{r['model']['path']} ({r['model']['architecture']}, {r['model']['n_layers']} layers)"),
+        ("Corpus", f"{r['corpus'].get('source', r['corpus'].get('tokens_file'))} ({r['corpus']['tokens']:,} tokens)"),
+        ("Elapsed", f"{r['elapsed_s']:.1f} s"),
+        ("Tokens/s", f"{r['tokens_per_s']:,.1f}" if r["tokens_per_s"] else "-"),
+        ("Layer placement", r["placement_text"]),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print()
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if per_window:
+        print(f"\n{'window':>6}  {'tokens':>6}  {'mean NLL':>9}  {'running PPL':>11}")
+        for w in r["per_window"]:
+            print(f"{w['window']:>6}  {w['tokens']:>6}  {w['mean_nll']:>9.4f}  {w['running_ppl']:>11.4f}")
+    if r["chunks"] < r["chunks_available"]:
+        print(f"\nScored {r['chunks']} of the corpus's {r['chunks_available']} windows: "
+              f"add --chunks 0 to score the whole corpus.")

@@ -1,0 +1,353 @@
+"""Luigi tasks: Tokenize -> Embed -> LayerWindow (one per window) -> Score -> PerplexityRun.
+
+Tasks are thin: parameters, `requires`, `output`, `run`; the work lives in the modules they
+call. Each output folder is named by a hash of everything that changes its numbers plus the
+hashes of its upstream outputs, so a changed option can never reuse a stale result.
+"""
+import hashlib
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import luigi
+import numpy as np
+
+from . import outputs
+from .errors import UserError
+from .paths import RUNS
+from .placement import check_tiling, describe, format_placement, parse_placement, plan_placement, resolve_device
+from .run_spec import resolve_run
+
+log = logging.getLogger("layercycle")
+
+
+class OneLineUserErrors(logging.Filter):
+    """Luigi logs a failed task's exception with its traceback; a UserError gets one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, UserError):
+            record.msg, record.args = f"layercycle: error: {exc}", ()
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+logging.getLogger("luigi-interface").addFilter(OneLineUserErrors())
+if not log.handlers:
+    _handler = logging.StreamHandler(sys.stderr)
+    _handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+class RunTask(luigi.Task):
+    """Parameters every task of a run shares: model, corpus and scoring method."""
+    model = luigi.Parameter(default="smollm2-135m", description="alias from configs/models.toml or a GGUF path")
+    task = luigi.Parameter(default="python-docs", description="evaluation task in tasks/")
+    corpus = luigi.Parameter(default="", description="corpus text file (overrides the task's corpus)")
+    tokens_file = luigi.Parameter(default="", description="pre-tokenized ids (.npy or whitespace-separated)")
+    method = luigi.Parameter(default="", description="llama-cpp or stride (default: the task's)")
+    ctx = luigi.IntParameter(default=0, description="tokens per corpus window (default: the task's)")
+    stride = luigi.IntParameter(default=0, description="stride method: tokens between windows (default ctx/2)")
+    unscored_prefix = luigi.IntParameter(default=-1, description="llama-cpp: unscored positions (default ctx/2)")
+    chunks = luigi.IntParameter(default=-1, description="corpus windows to score, 0 = all (default: the task's)")
+    bos = luigi.ChoiceParameter(choices=["auto", "yes", "no"], default="auto", description="BOS handling")
+    windows_per_chunk = luigi.IntParameter(default=4, description="corpus windows per Zarr chunk and batch")
+    run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
+
+    def spec(self):
+        return resolve_run(self.model, self.task, self.corpus, self.tokens_file, self.method, self.ctx,
+                           self.stride, self.unscored_prefix, self.chunks, self.bos)
+
+    # -- identity and output ---------------------------------------------------------------
+    def identity(self) -> dict:
+        """What changes this task's numbers, besides its upstream outputs."""
+        raise NotImplementedError
+
+    def out_dir(self) -> Path:
+        upstream = [t.out_dir().name for t in luigi.task.flatten(self.requires())]
+        blob = json.dumps({"task": self.task_family, "identity": self.identity(), "upstream": upstream},
+                          sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return Path(self.run_root) / self.task_family / digest
+
+    def output(self):
+        return luigi.LocalTarget(str(self.out_dir() / outputs.MANIFEST))
+
+    def complete(self) -> bool:
+        # an option that cannot be resolved is reported by run(), in one line, not here
+        try:
+            return super().complete()
+        except UserError:
+            return False
+
+    def begin(self) -> Path:
+        if self.windows_per_chunk < 1:
+            raise UserError(f"--windows-per-chunk must be >= 1, got {self.windows_per_chunk}")
+        return outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
+                                              "identity": self.identity()})
+
+    def commit(self, started: float, **manifest) -> None:
+        outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(),
+                                        "elapsed_s": time.time() - started, **manifest})
+
+    def progress(self, done: int, total: int, tokens: int, started: float) -> None:
+        rate = tokens / max(time.time() - started, 1e-9)
+        left = (total - done) * (time.time() - started) / max(done, 1)
+        msg = f"{self.label()}: chunk {done}/{total}, {rate:,.0f} tok/s, {left:.0f}s left"
+        self.set_status_message(msg)
+        self.set_progress_percentage(100 * done // total)
+        log.info(msg)
+
+    def label(self) -> str:
+        return self.task_family
+
+
+class Tokenize(RunTask):
+    def requires(self):
+        return []
+
+    def identity(self):
+        s = self.spec()
+        return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
+                "windows_per_chunk": self.windows_per_chunk}
+
+    def run(self):
+        from .boundary import save_plan
+        from .evaltask import corpus_text
+        from .gguf_file import open_gguf
+        from .plan import plan_windows
+        from .run_spec import read_tokens_file
+        from .tokenizer import load_tokenizer
+
+        started, s = time.time(), self.spec()
+        work = self.begin()
+        if s.tokens_file:
+            tokens = read_tokens_file(s.tokens_file)
+        else:
+            text, _ = corpus_text(s.eval_task, s.corpus)
+            tokens = np.array(load_tokenizer(open_gguf(str(s.model_path))).encode(text, add_bos=s.method.bos),
+                              dtype=np.int32)
+        vocab = len(s.gguf.strings("tokenizer.ggml.tokens")) if not s.tokens_file else None
+        if vocab is not None and tokens.size and int(tokens.max()) >= vocab:
+            raise UserError(f"token id {int(tokens.max())} is outside the vocabulary of {vocab}")
+        plan = plan_windows(tokens, s.method, s.bos_id)
+        attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
+                 "method": s.method.as_dict()}
+        save_plan(work / "tokens.zarr", tokens, plan, self.windows_per_chunk, attrs)
+        log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_windows} of {plan.available} windows of "
+                 f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
+        self.commit(started, n_tokens=int(tokens.size), n_windows=plan.n_windows,
+                    available_windows=plan.available, tokens_scored=plan.tokens_scored)
+
+
+class PlacedTask(RunTask):
+    """A task that belongs to one layer placement."""
+    placement = luigi.Parameter(description="layer windows, e.g. cpu:0:4,cpu:4:8 (set by PerplexityRun)")
+    compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                                          description="auto: float32 on the CPU, bfloat16 on CUDA")
+
+    def windows(self):
+        return parse_placement(self.placement)
+
+    def dtype_name(self, device: str) -> str:
+        if self.compute_dtype != "auto":
+            return self.compute_dtype
+        return "float32" if device == "cpu" else "bfloat16"
+
+    def boundary_task(self, last: int):
+        """The task whose output is the boundary at layer `last`."""
+        if last == 0:
+            return self.clone(Embed)
+        window = next(w for w in self.windows() if w.last == last)
+        return self.clone(LayerWindow, first=window.first, last=window.last)
+
+    def input_boundary(self):
+        from .boundary import Boundary
+
+        return Boundary.open(self.requires().out_dir() / "boundary.zarr")
+
+    def plan(self):
+        from .boundary import load_plan
+
+        tokenize = self.clone(Tokenize)
+        return load_plan(tokenize.out_dir() / "tokens.zarr")
+
+    def resumable_boundary(self, work: Path, n_windows: int, ctx: int, hidden: int):
+        """The boundary being written, reopened after a crash with the chunks it already holds."""
+        from .boundary import Boundary
+
+        path, attrs = work / "boundary.zarr", {"identity": self.identity(), "dtype": "float32"}
+        if (path / "zarr.json").is_file():
+            existing = Boundary.open_for_update(path)
+            if existing.array.attrs.asdict() == json.loads(json.dumps(attrs)):
+                return existing
+        return Boundary.create(path, n_windows, ctx, hidden, self.windows_per_chunk, attrs)
+
+    def fill(self, work: Path, n_windows: int, ctx: int, hidden: int, compute) -> int:
+        """Write every missing chunk of the output boundary; `compute(i)` gives chunk i."""
+        out = self.resumable_boundary(work, n_windows, ctx, hidden)
+        todo = [i for i in range(out.n_chunks) if not out.verified(i)]
+        started, done_tokens = time.time(), 0
+        for k, i in enumerate(todo, 1):
+            data = compute(i)
+            out.write_chunk(i, data)
+            done_tokens += data.shape[0] * ctx
+            self.progress(out.n_chunks - len(todo) + k, out.n_chunks, done_tokens, started)
+        return len(todo)
+
+
+class Embed(PlacedTask):
+    def requires(self):
+        return self.clone(Tokenize)
+
+    def identity(self):
+        return {"model": self.spec().model_sha256}
+
+    def run(self):
+        import torch
+
+        from .arch import load_architecture
+
+        started, s = time.time(), self.spec()
+        work = self.begin()
+        arch = load_architecture(s.gguf)
+        plan, _ = self.plan()
+        per = self.windows_per_chunk
+
+        def compute(i):
+            ids = torch.from_numpy(plan.ids[i * per:(i + 1) * per].astype(np.int64))
+            return arch.embed(ids, "cpu", torch.float32).numpy()
+
+        redone = self.fill(work, plan.n_windows, s.method.ctx, arch.hp.hidden, compute)
+        self.commit(started, chunks_computed=redone)
+
+
+class LayerWindow(PlacedTask):
+    first = luigi.IntParameter()
+    last = luigi.IntParameter()
+
+    def requires(self):
+        return self.boundary_task(self.first)
+
+    def device(self) -> str:
+        return next(w.device for w in self.windows() if w.first == self.first)
+
+    def identity(self):
+        return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
+                "compute_dtype": self.dtype_name(self.device())}
+
+    def label(self):
+        return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
+
+    def run(self):
+        import torch
+
+        from .arch import load_architecture
+        from .window import LayerWindow as Executor
+
+        started, s = time.time(), self.spec()
+        device = resolve_device(self.device())
+        work = self.begin()
+        arch = load_architecture(s.gguf)
+        source = self.input_boundary()
+        n, ctx, hidden = source.array.shape
+        executor = Executor(arch, self.first, self.last, device, getattr(torch, self.dtype_name(device)))
+        redone = self.fill(work, n, ctx, hidden,
+                           lambda i: executor(torch.from_numpy(source.read_chunk(i))).numpy())
+        executor.release()
+        self.commit(started, chunks_computed=redone, device=device)
+
+
+class Score(PlacedTask):
+    def requires(self):
+        return self.boundary_task(self.windows()[-1].last)
+
+    def device(self) -> str:
+        return self.windows()[-1].device
+
+    def identity(self):
+        return {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device())}
+
+    def run(self):
+        import torch
+
+        from .arch import load_architecture
+        from .scoring import summarize, window_nll
+
+        started, s = time.time(), self.spec()
+        device = resolve_device(self.device())
+        dtype = getattr(torch, self.dtype_name(device))
+        work = self.begin()
+        arch = load_architecture(s.gguf)
+        head = arch.load_head(device, dtype)
+        plan, _ = self.plan()
+        source = self.input_boundary()
+        nll = []
+        t0 = time.time()
+        for i in range(source.n_chunks):
+            hidden = torch.from_numpy(source.read_chunk(i))
+            for j, w in enumerate(range(*source.windows(i).indices(plan.n_windows))):
+                nll.append(window_nll(head, hidden[j], plan.ids[w], int(plan.score_lo[w]),
+                                      int(plan.score_hi[w]), device, dtype))
+            self.progress(i + 1, source.n_chunks, sum(x.size for x in nll), t0)
+        result = summarize(nll)
+        outputs.write_json(work / "result.json", result)
+        self.commit(started, device=device)
+
+
+class PerplexityRun(RunTask):
+    """The entry point: places the layers, runs the chain, prints and writes the result."""
+    window_layers = luigi.IntParameter(default=4, description="layers per window (0: the whole trunk at once)")
+    gpu_layers = luigi.IntParameter(default=-1, description="layers on the device; the rest run on the CPU")
+    first_layer = luigi.IntParameter(default=0, description="with --gpu-layers: first layer on the device")
+    device = luigi.ChoiceParameter(choices=["auto", "cpu", "cuda"], default="auto", significant=False,
+                                   description="device for the placed windows")
+    compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    per_window = luigi.BoolParameter(default=False, description="print per-window NLL and running PPL")
+    result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
+
+    def placement(self) -> list:
+        s = self.spec()
+        n_layers = self._n_layers(s)
+        windows = plan_placement(n_layers, self.window_layers, self.gpu_layers, self.first_layer,
+                                 resolve_device(self.device))
+        check_tiling(windows, n_layers)
+        return windows
+
+    @staticmethod
+    def _n_layers(s) -> int:
+        from .arch import load_architecture
+
+        return load_architecture(s.gguf).hp.n_layers
+
+    def requires(self):
+        try:
+            return self.clone(Score, placement=format_placement(self.placement()))
+        except UserError:
+            return []  # run() reports it
+
+    def complete(self) -> bool:
+        return False  # always prints its report, from the cached chain when that is complete
+
+    def run(self):
+        from .report import build_result, print_report
+
+        windows = self.placement()
+        score = self.requires()
+        chain = [score] + _upstream_chain(score)
+        result = build_result(self.spec(), windows, score, chain)
+        print_report(result, per_window=self.per_window)
+        if self.result_json:
+            Path(self.result_json).parent.mkdir(parents=True, exist_ok=True)
+            outputs.write_json(Path(self.result_json), result)
+
+
+def _upstream_chain(task) -> list:
+    chain = []
+    for dep in luigi.task.flatten(task.requires()):
+        chain += [dep] + _upstream_chain(dep)
+    return chain

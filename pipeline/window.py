@@ -1,0 +1,33 @@
+"""Layer-window executor: load layers [first, last) on a device, map hidden -> hidden, release.
+
+Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
+[B, T, hidden] so the caller can store them wherever it likes.
+"""
+import torch
+
+from .arch.base import DecoderArch, Tables
+
+
+class LayerWindow:
+    def __init__(self, arch: DecoderArch, first: int, last: int, device: str, dtype: torch.dtype):
+        if not 0 <= first < last <= arch.hp.n_layers:
+            raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
+        self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
+        self.layers = [arch.load_layer(i, self.device, dtype) for i in range(first, last)]
+        self._tables: dict[int, Tables] = {}
+
+    @torch.inference_mode()
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        # hidden: [B, T, hidden] float32 -> same shape, float32 on the CPU
+        T = hidden.shape[1]
+        tables = self._tables.setdefault(T, Tables(T, self.device, self.dtype))
+        x = hidden.to(self.device, self.dtype)
+        for layer in self.layers:
+            x = layer(x, tables)
+        return x.to("cpu", torch.float32)
+
+    def release(self) -> None:
+        self.layers.clear()
+        self._tables.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
