@@ -29,7 +29,7 @@ class OneLineUserErrors(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, UserError):
-            record.msg, record.args = f"layercycle: error: {exc}", ()
+            record.msg, record.args = f"layercycle: {exc}", ()
             record.exc_info, record.exc_text = None, None
         return True
 

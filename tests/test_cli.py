@@ -1,0 +1,47 @@
+"""The command users type: `luigi --module pipeline PerplexityRun ...` from the repository root."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pipeline.paths import REPO_ROOT
+
+
+def luigi_cli(*args, run_root):
+    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root", str(run_root), *args]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def assert_one_line_error(done, pattern):
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR: layercycle: ")]
+    assert len(errors) == 1 and pattern in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_default_run_prints_the_result_table(tmp_path):
+    done = luigi_cli("--chunks", "2", run_root=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "Layer placement  cpu [0..4) [4..8)" in done.stdout
+    assert "PPL" in done.stdout and "--chunks 0" in done.stdout
+    assert "chunk 1/1" in done.stderr  # progress while tasks run
+
+
+def test_missing_model_file(tmp_path):
+    assert_one_line_error(luigi_cli("--model", str(tmp_path / "none.gguf"), run_root=tmp_path), "neither")
+
+
+def test_ctx_above_model_context(tmp_path):
+    assert_one_line_error(luigi_cli("--ctx", "100000", run_root=tmp_path), "above the model's context")
+
+
+def test_corpus_shorter_than_two_windows(tmp_path):
+    short = tmp_path / "short.txt"
+    short.write_text("Only a few words here.")
+    assert_one_line_error(luigi_cli("--corpus", str(short), run_root=tmp_path), "needs at least")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_cuda_without_cuda(tmp_path):
+    assert_one_line_error(luigi_cli("--device", "cuda", run_root=tmp_path), "no CUDA device")

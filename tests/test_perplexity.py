@@ -1,0 +1,43 @@
+"""Perplexity through the whole windowed pipeline against llama-perplexity's figures
+(../shared/reference/llama-perplexity.md), and cycled == whole, bit for bit, on the CPU."""
+import pytest
+
+from .conftest import HEAD40K, MODELS, run_pipeline
+
+# running estimates after each 512-token chunk of head40k (llama-perplexity, ctx 512)
+SMOLLM2_RUNNING = [13.0665, 21.4582, 22.6003, 22.8855, 22.3709, 22.5590, 23.2911, 24.5958]
+AFTER_8_CHUNKS = {"smollm2-135m": 24.5958, "gemma3-270m": 18.1556, "qwen2.5-0.5b": 35.6528}
+# llama.cpp quantizes activations to 8 bits in its matrix products; float32 sits 0.5-0.9% away
+REL_TOL = 0.015
+
+
+@pytest.mark.parametrize("alias", MODELS)
+def test_ppl_matches_llama_perplexity(alias, tmp_path):
+    r = run_pipeline(tmp_path, model=alias, task="wikitext-2", corpus=str(HEAD40K), ctx=512, chunks=8)
+    assert r["chunks"] == 8 and r["tokens_scored"] == 8 * 255
+    assert r["ppl"] == pytest.approx(AFTER_8_CHUNKS[alias], rel=REL_TOL)
+    if alias == "smollm2-135m":
+        running = [w["running_ppl"] for w in r["per_window"]]
+        assert running == pytest.approx(SMOLLM2_RUNNING, rel=REL_TOL)
+    assert r["placement"][0] == {"device": "cpu", "first": 0, "last": 4}
+    assert r["model"]["n_layers"] == r["placement"][-1]["last"]
+
+
+@pytest.mark.parametrize("alias", MODELS)
+def test_cycled_equals_whole_bit_for_bit(alias, tmp_path):
+    common = dict(model=alias, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=5, windows_per_chunk=2)
+    whole = run_pipeline(tmp_path, window_layers=0, **common)
+    assert len(whole["placement"]) == 1
+    for size in (1, 7):  # 7 divides none of 30, 18, 24
+        cycled = run_pipeline(tmp_path, window_layers=size, **common)
+        assert len(cycled["placement"]) == -(-whole["model"]["n_layers"] // size)
+        assert cycled["mean_nll"] == whole["mean_nll"]
+        assert [w["mean_nll"] for w in cycled["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
+
+
+def test_stride_method_scores_every_token_once(tmp_path):
+    r = run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), method="stride", ctx=256, stride=128,
+                     window_layers=0)
+    assert r["tokens_scored"] == r["corpus"]["tokens"] - 1
+    llama = run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=256, window_layers=0)
+    assert r["ppl"] < llama["ppl"] * 1.2  # same text, at least half a window of context per token
