@@ -39,6 +39,10 @@ class Boundary:
 
     @classmethod
     def open_for_update(cls, path: Path) -> "Boundary":
+        """Reopen a boundary left by an interrupted task, dropping half-written chunk files
+        (Zarr writes `<key>.<uuid>.partial` and renames it into place)."""
+        for leftover in Path(path).rglob("*.partial"):
+            leftover.unlink()
         return cls(path, zarr.open_array(str(path), mode="r+"))
 
     @property

@@ -6,6 +6,7 @@ A folder without its manifest is never taken as complete.
 """
 import json
 import os
+import shutil
 from pathlib import Path
 
 MANIFEST = "manifest.json"
@@ -34,6 +35,13 @@ def is_complete(out: Path) -> bool:
 
 def read_manifest(out: Path) -> dict:
     return json.loads((out / MANIFEST).read_text())
+
+
+def remove_data(out: Path, name: str, flag: str) -> None:
+    """Delete `out/name`, recording it in the manifest first so the output reads incomplete."""
+    manifest = read_manifest(out)
+    write_json(out / MANIFEST, {**manifest, flag: True})
+    shutil.rmtree(out / name, ignore_errors=True)
 
 
 def write_json(path: Path, data: dict) -> None:

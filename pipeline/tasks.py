@@ -57,6 +57,8 @@ class RunTask(luigi.Task):
     bos = luigi.ChoiceParameter(choices=["auto", "yes", "no"], default="auto", description="BOS handling")
     windows_per_chunk = luigi.IntParameter(default=4, description="corpus windows per Zarr chunk and batch")
     run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
+    keep_boundaries = luigi.BoolParameter(default=False, significant=False,
+                                          description="keep boundaries after their consumer completed")
 
     def spec(self):
         return resolve_run(self.model, self.task, self.corpus, self.tokens_file, self.method, self.ctx,
@@ -152,6 +154,15 @@ class PlacedTask(RunTask):
 
     def windows(self):
         return parse_placement(self.placement)
+
+    def complete(self) -> bool:
+        # a boundary removed once its consumer completed must be recomputed for a new consumer
+        return super().complete() and not outputs.read_manifest(self.out_dir()).get("boundary_removed")
+
+    def release_input(self) -> None:
+        """Remove the boundary this task consumed, now that its own output is complete."""
+        if not self.keep_boundaries:
+            outputs.remove_data(self.requires().out_dir(), "boundary.zarr", "boundary_removed")
 
     def dtype_name(self, device: str) -> str:
         if self.compute_dtype != "auto":
@@ -260,6 +271,7 @@ class LayerWindow(PlacedTask):
                            lambda i: executor(torch.from_numpy(source.read_chunk(i))).numpy())
         executor.release()
         self.commit(started, chunks_computed=redone, device=device)
+        self.release_input()
 
 
 class Score(PlacedTask):
@@ -297,6 +309,7 @@ class Score(PlacedTask):
         result = summarize(nll)
         outputs.write_json(work / "result.json", result)
         self.commit(started, device=device)
+        self.release_input()
 
 
 class PerplexityRun(RunTask):

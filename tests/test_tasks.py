@@ -1,0 +1,56 @@
+"""Output identities: what changes the numbers changes the path, what does not, does not."""
+import json
+
+import numpy as np
+
+from pipeline.gguf_file import GGUFIndex
+from pipeline.tasks import Embed, LayerWindow, Score, Tokenize
+from pipeline.tokenizer import load_tokenizer
+
+from .conftest import HEAD40K, run_pipeline
+
+COMMON = dict(task="wikitext-2", corpus=str(HEAD40K), placement="cpu:0:4,cpu:4:30")
+
+
+def test_ctx_and_layers_change_every_downstream_path(tmp_path):
+    a = LayerWindow(run_root=str(tmp_path), ctx=128, first=4, last=30, **COMMON)
+    b = LayerWindow(run_root=str(tmp_path), ctx=256, first=4, last=30, **COMMON)
+    assert a.out_dir() != b.out_dir()
+    assert a.requires().out_dir() != b.requires().out_dir()  # the window [0, 4) too
+    other_split = LayerWindow(run_root=str(tmp_path), ctx=128, first=4, last=30,
+                              **{**COMMON, "placement": "cpu:0:2,cpu:2:4,cpu:4:30"})
+    assert other_split.out_dir() != a.out_dir()  # its upstream chain differs
+
+
+def test_device_does_not_change_tokenize_or_embed_paths(tmp_path):
+    cpu = Score(run_root=str(tmp_path), ctx=128, **COMMON)
+    assert Embed(run_root=str(tmp_path), ctx=128, **COMMON).out_dir() == cpu.clone(Embed).out_dir()
+    assert Tokenize(run_root=str(tmp_path), ctx=128, task="wikitext-2", corpus=str(HEAD40K)).out_dir() \
+        == cpu.clone(Tokenize).out_dir()
+
+
+def test_params_json_beside_each_output(tmp_path):
+    run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=15)
+    params = sorted(tmp_path.glob("*/*/params.json"))
+    assert {p.parent.parent.name for p in params} == {"Tokenize", "Embed", "LayerWindow", "Score"}
+    assert all(json.loads(p.read_text())["identity"] for p in params)
+    assert not list(tmp_path.glob("*/*.partial"))
+
+
+def test_tokens_file_equals_the_corpus(tmp_path, model_path):
+    ids = load_tokenizer(GGUFIndex(model_path("smollm2-135m"))).encode(HEAD40K.read_text(encoding="utf-8"))
+    np.save(tmp_path / "ids.npy", np.array(ids, dtype=np.int32))
+    common = dict(ctx=128, chunks=3, window_layers=0)
+    from_text = run_pipeline(tmp_path / "a", task="wikitext-2", corpus=str(HEAD40K), **common)
+    from_ids = run_pipeline(tmp_path / "b", tokens_file=str(tmp_path / "ids.npy"), **common)
+    assert from_ids["mean_nll"] == from_text["mean_nll"]
+    assert from_ids["corpus"]["tokens"] == len(ids)
+
+
+def test_bos_and_unscored_prefix_options(tmp_path):
+    common = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=0)
+    plain = run_pipeline(tmp_path, **common)
+    with_bos = run_pipeline(tmp_path, bos="yes", **common)
+    assert with_bos["mean_nll"] != plain["mean_nll"]
+    wide = run_pipeline(tmp_path, unscored_prefix=16, **common)
+    assert wide["tokens_scored"] == 2 * (128 - 17)
