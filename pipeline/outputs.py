@@ -17,6 +17,8 @@ def partial_dir(out: Path) -> Path:
 
 
 def begin(out: Path, params: dict) -> Path:
+    if out.exists():  # an earlier output whose data was removed: it is being recomputed
+        shutil.rmtree(out)
     work = partial_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     write_json(work / "params.json", params)
