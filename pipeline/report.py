@@ -6,8 +6,7 @@ from .placement import describe
 
 
 def build_result(spec, windows, score_task, chain) -> dict:
-    manifests = {t.task_family: outputs.read_manifest(t.out_dir()) for t in chain if t.task_family == "Tokenize"}
-    tokenize = manifests["Tokenize"]
+    tokenize = next(outputs.read_manifest(t.out_dir()) for t in chain if t.task_family == "Tokenize")
     scored = json.loads((score_task.out_dir() / "result.json").read_text())
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
     evaluated = tokenize["n_windows"] * spec.method.ctx

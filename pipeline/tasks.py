@@ -13,11 +13,12 @@ from pathlib import Path
 
 import luigi
 import numpy as np
+from gguf import Keys
 
 from . import outputs
 from .errors import UserError
 from .paths import RUNS
-from .placement import check_tiling, describe, format_placement, parse_placement, plan_placement, resolve_device
+from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .run_spec import resolve_run
 
 log = logging.getLogger("layercycle")
@@ -133,9 +134,9 @@ class Tokenize(RunTask):
             text, _ = corpus_text(s.eval_task, s.corpus)
             tokens = np.array(load_tokenizer(open_gguf(str(s.model_path))).encode(text, add_bos=s.method.bos),
                               dtype=np.int32)
-        vocab = len(s.gguf.strings("tokenizer.ggml.tokens")) if not s.tokens_file else None
-        if vocab is not None and tokens.size and int(tokens.max()) >= vocab:
-            raise UserError(f"token id {int(tokens.max())} is outside the vocabulary of {vocab}")
+        vocab = s.gguf.metadata[Keys.Tokenizer.LIST].count
+        if tokens.size and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
+            raise UserError(f"token ids range over [{tokens.min()}, {tokens.max()}], outside the vocabulary of {vocab}")
         plan = plan_windows(tokens, s.method, s.bos_id)
         attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
                  "method": s.method.as_dict()}

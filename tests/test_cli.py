@@ -45,3 +45,9 @@ def test_corpus_shorter_than_two_windows(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
 def test_cuda_without_cuda(tmp_path):
     assert_one_line_error(luigi_cli("--device", "cuda", run_root=tmp_path), "no CUDA device")
+
+
+def test_tokens_file_outside_the_vocabulary(tmp_path):
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(["5"] * 2000 + ["99999"]))
+    assert_one_line_error(luigi_cli("--tokens-file", str(ids), "--ctx", "256", run_root=tmp_path), "outside the vocabulary")

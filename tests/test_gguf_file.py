@@ -45,7 +45,6 @@ def test_not_gguf_is_a_user_error(tmp_path):
 
 def test_real_tensors_dequantize_like_gguf(model_path):
     """Every tensor type the real models use, one tensor each, against gguf-py."""
-    import torch
     from gguf import quants
 
     from pipeline.dequant import dequantize
