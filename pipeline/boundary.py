@@ -1,8 +1,9 @@
-"""Zarr stores: the window plan (token ids) and the boundaries (hidden state at a layer cut).
+"""Zarr stores: the window plan (token ids), boundaries (hidden state at a layer cut) and
+per-token scores.
 
-A boundary is a float32 array [n_windows, ctx, hidden] chunked by whole corpus windows
-(`per_chunk` of them), compressed with Blosc/zstd and carrying a crc32c checksum per chunk,
-so a damaged chunk is detected when it is read. Knows no model.
+Arrays are chunked along their first axis by whole corpus windows (`per_chunk` of them),
+compressed with Blosc/zstd and carry a crc32c checksum per chunk, so a damaged chunk is
+detected when it is read. A boundary is float32 [n_windows, ctx, hidden]. Knows no model.
 """
 from pathlib import Path
 
@@ -19,31 +20,36 @@ def _codecs():
     return [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"), Crc32cCodec()]
 
 
-class Boundary:
+class ChunkedArray:
     def __init__(self, path: Path, array: zarr.Array):
         self.path, self.array = Path(path), array
         self.per_chunk = array.chunks[0]
 
     @classmethod
-    def create(cls, path: Path, n_windows: int, ctx: int, hidden: int, per_chunk: int,
-               attrs: dict) -> "Boundary":
-        array = zarr.create_array(store=str(path), shape=(n_windows, ctx, hidden),
-                                  chunks=(per_chunk, ctx, hidden), dtype="float32",
-                                  compressors=_codecs(), fill_value=0.0, attributes=attrs,
-                                  overwrite=True)
+    def create(cls, path: Path, shape: tuple[int, ...], per_chunk: int, dtype: str,
+               attrs: dict) -> "ChunkedArray":
+        array = zarr.create_array(store=str(path), shape=shape, chunks=(per_chunk, *shape[1:]),
+                                  dtype=dtype, compressors=_codecs(), fill_value=0,
+                                  attributes=attrs, overwrite=True)
         return cls(path, array)
 
     @classmethod
-    def open(cls, path: Path) -> "Boundary":
+    def open(cls, path: Path) -> "ChunkedArray":
+        if not (Path(path) / "zarr.json").is_file():
+            raise UserError(f"{path} is missing: its task output is incomplete or was removed")
         return cls(path, zarr.open_array(str(path), mode="r"))
 
     @classmethod
-    def open_for_update(cls, path: Path) -> "Boundary":
-        """Reopen a boundary left by an interrupted task, dropping half-written chunk files
+    def open_for_update(cls, path: Path) -> "ChunkedArray":
+        """Reopen an array left by an interrupted task, dropping half-written chunk files
         (Zarr writes `<key>.<uuid>.partial` and renames it into place)."""
         for leftover in Path(path).rglob("*.partial"):
             leftover.unlink()
         return cls(path, zarr.open_array(str(path), mode="r+"))
+
+    @property
+    def attrs(self) -> dict:
+        return self.array.attrs.asdict()
 
     @property
     def n_chunks(self) -> int:
@@ -52,12 +58,12 @@ class Boundary:
     def windows(self, i: int) -> slice:
         return slice(i * self.per_chunk, min((i + 1) * self.per_chunk, self.array.shape[0]))
 
-    def has_chunk(self, i: int) -> bool:
-        return (self.path / "c" / str(i) / "0" / "0").is_file()
+    def chunk_file(self, i: int) -> Path:
+        return self.path.joinpath("c", str(i), *["0"] * (self.array.ndim - 1))
 
     def verified(self, i: int) -> bool:
         """Chunk i was written whole and its checksum holds."""
-        if not self.has_chunk(i):
+        if not self.chunk_file(i).is_file():
             return False
         try:
             self.array[self.windows(i)]
@@ -66,11 +72,11 @@ class Boundary:
         return True
 
     def read_chunk(self, i: int) -> np.ndarray:
-        # [per_chunk, ctx, hidden] float32
         try:
             return self.array[self.windows(i)]
         except ValueError as e:
-            raise UserError(f"chunk {i} of {self.path} is corrupted ({e})") from None
+            raise UserError(f"chunk {i} of {self.path} is corrupted ({e}); delete that task's "
+                            f"folder ({self.path.parent}) and rerun to recompute it") from None
 
     def write_chunk(self, i: int, data: np.ndarray) -> None:
         self.array[self.windows(i)] = data

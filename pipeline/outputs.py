@@ -1,13 +1,19 @@
-"""Task output folders with atomic completion.
+"""Task output folders: atomic completion, one writer at a time, clear disk errors.
 
 A task writes into `<out>.partial/` (kept across crashes, so work done chunk by chunk can be
 resumed) and completes by writing `manifest.json` there and renaming the folder to `<out>/`.
-A folder without its manifest is never taken as complete.
+A folder without its manifest is never taken as complete. A lock per output keeps a second
+process from writing the same output at the same time (locks live in `<run root>/.locks/`).
 """
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import shutil
 from pathlib import Path
+
+from .errors import UserError
 
 MANIFEST = "manifest.json"
 
@@ -25,9 +31,10 @@ def begin(out: Path, params: dict) -> Path:
     return work
 
 
-def commit(out: Path, manifest: dict) -> None:
+def commit(out: Path, manifest: dict, on_written=lambda: None) -> None:
     work = partial_dir(out)
     write_json(work / MANIFEST, manifest)
+    on_written()
     os.replace(work, out)
 
 
@@ -50,3 +57,47 @@ def write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+def append_line(path: Path, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def free_bytes(root: Path) -> int:
+    root = Path(root).resolve()
+    while not root.exists():
+        root = root.parent
+    return shutil.disk_usage(root).free
+
+
+@contextlib.contextmanager
+def locked(out: Path, what: str):
+    """Hold a lock on `out` while the task runs; a second process gets a clear error."""
+    lock_path = out.parent.parent / ".locks" / f"{out.parent.name}.{out.name}.lock"
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a")
+    except OSError as e:
+        raise UserError(f"cannot write under {out.parent}: {e.strerror}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"{what} is already running in another process (it holds {lock_path}); "
+                            f"wait for it, or stop it and rerun") from None
+        yield
+
+
+@contextlib.contextmanager
+def disk_errors(run_root: str):
+    """A full or unwritable disk ends the task with one line; completed chunks stay."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left under {run_root}: free some and rerun the same command "
+                            f"(completed work is kept)") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+            raise UserError(f"cannot write under {run_root}: {e.strerror} ({e.filename})") from None
+        raise

@@ -19,6 +19,7 @@ from . import outputs
 from .errors import UserError
 from .paths import RUNS
 from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
+from .faults import failpoint
 from .run_spec import resolve_run
 
 log = logging.getLogger("layercycle")
@@ -87,19 +88,30 @@ class RunTask(luigi.Task):
         except UserError:
             return False
 
+    def run(self):
+        with outputs.locked(self.out_dir(), self.task_family), outputs.disk_errors(self.run_root):
+            self.started = time.time()
+            self.execute()
+
+    def execute(self) -> None:
+        raise NotImplementedError
+
     def begin(self) -> Path:
         if self.windows_per_chunk < 1:
             raise UserError(f"--windows-per-chunk must be >= 1, got {self.windows_per_chunk}")
         return outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
                                               "identity": self.identity()})
 
-    def commit(self, started: float, **manifest) -> None:
+    def commit(self, **manifest) -> None:
         outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(),
-                                        "elapsed_s": time.time() - started, **manifest})
+                                        "elapsed_s": time.time() - self.started, **manifest},
+                       on_written=lambda: failpoint("manifest-written", self.label()))
+        failpoint("task-committed", self.label())
 
-    def progress(self, done: int, total: int, tokens: int, started: float) -> None:
-        rate = tokens / max(time.time() - started, 1e-9)
-        left = (total - done) * (time.time() - started) / max(done, 1)
+    def progress(self, done: int, total: int, computed: int, tokens: int, started: float) -> None:
+        """`done` of `total` chunks, `computed` of them (`tokens` tokens) since `started`."""
+        spent = max(time.time() - started, 1e-9)
+        rate, left = tokens / spent, (total - done) * spent / max(computed, 1)
         msg = f"{self.label()}: chunk {done}/{total}, {rate:,.0f} tok/s, {left:.0f}s left"
         self.set_status_message(msg)
         self.set_progress_percentage(100 * done // total)
@@ -118,7 +130,7 @@ class Tokenize(RunTask):
         return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
                 "windows_per_chunk": self.windows_per_chunk}
 
-    def run(self):
+    def execute(self):
         from .boundary import save_plan
         from .evaltask import corpus_text
         from .gguf_file import open_gguf
@@ -126,7 +138,7 @@ class Tokenize(RunTask):
         from .run_spec import read_tokens_file
         from .tokenizer import load_tokenizer
 
-        started, s = time.time(), self.spec()
+        s = self.spec()
         work = self.begin()
         if s.tokens_file:
             tokens = read_tokens_file(s.tokens_file)
@@ -143,7 +155,7 @@ class Tokenize(RunTask):
         save_plan(work / "tokens.zarr", tokens, plan, self.windows_per_chunk, attrs)
         log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_windows} of {plan.available} windows of "
                  f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
-        self.commit(started, n_tokens=int(tokens.size), n_windows=plan.n_windows,
+        self.commit(n_tokens=int(tokens.size), n_windows=plan.n_windows,
                     available_windows=plan.available, tokens_scored=plan.tokens_scored)
 
 
@@ -178,9 +190,15 @@ class PlacedTask(RunTask):
         return self.clone(LayerWindow, first=window.first, last=window.last)
 
     def input_boundary(self):
-        from .boundary import Boundary
+        """The boundary this task reads, checked to be the one its upstream task wrote."""
+        from .boundary import ChunkedArray
 
-        return Boundary.open(self.requires().out_dir() / "boundary.zarr")
+        upstream = self.requires()
+        boundary = ChunkedArray.open(upstream.out_dir() / "boundary.zarr")
+        if boundary.attrs.get("identity") != _as_json(upstream.identity()):
+            raise UserError(f"{boundary.path} was written by another run ({boundary.attrs.get('identity')}), "
+                            f"not by {upstream.label()} of this one")
+        return boundary
 
     def plan(self):
         from .boundary import load_plan
@@ -188,28 +206,46 @@ class PlacedTask(RunTask):
         tokenize = self.clone(Tokenize)
         return load_plan(tokenize.out_dir() / "tokens.zarr")
 
-    def resumable_boundary(self, work: Path, n_windows: int, ctx: int, hidden: int):
-        """The boundary being written, reopened after a crash with the chunks it already holds."""
-        from .boundary import Boundary
+    def resumable_array(self, path: Path, shape: tuple[int, ...], dtype: str):
+        """The array being written, reopened after a crash with the chunks it already holds."""
+        from .boundary import ChunkedArray
 
-        path, attrs = work / "boundary.zarr", {"identity": self.identity(), "dtype": "float32"}
+        attrs = _as_json({"identity": self.identity(), "dtype": dtype})
         if (path / "zarr.json").is_file():
-            existing = Boundary.open_for_update(path)
-            if existing.array.attrs.asdict() == json.loads(json.dumps(attrs)):
+            existing = ChunkedArray.open_for_update(path)
+            if existing.attrs == attrs and existing.array.shape == shape:
                 return existing
-        return Boundary.create(path, n_windows, ctx, hidden, self.windows_per_chunk, attrs)
+        return ChunkedArray.create(path, shape, self.windows_per_chunk, dtype, attrs)
 
-    def fill(self, work: Path, n_windows: int, ctx: int, hidden: int, compute) -> int:
-        """Write every missing chunk of the output boundary; `compute(i)` gives chunk i."""
-        out = self.resumable_boundary(work, n_windows, ctx, hidden)
-        todo = [i for i in range(out.n_chunks) if not out.verified(i)]
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, compute) -> dict:
+        """Write every chunk of `path` that is missing or damaged; `compute(i)` gives chunk i.
+        Each chunk computed is journalled in the task folder, across restarts."""
+        out = self.resumable_array(path, shape, dtype)
+        journal = path.parent / "journal.log"
+        present = [out.chunk_file(i).is_file() for i in range(out.n_chunks)]
+        todo = [i for i in range(out.n_chunks) if not (present[i] and out.verified(i))]
+        corrupted = [i for i in todo if present[i]]
+        for i in corrupted:
+            log.warning(f"{self.label()}: chunk {i} failed its checksum; recomputing it")
         started, done_tokens = time.time(), 0
         for k, i in enumerate(todo, 1):
+            outputs.append_line(journal, f"computing {i}")
             data = compute(i)
+            failpoint("chunk-computed", self.label())
+            failpoint("mid-chunk-write", self.label(),
+                      partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
             out.write_chunk(i, data)
-            done_tokens += data.shape[0] * ctx
-            self.progress(out.n_chunks - len(todo) + k, out.n_chunks, done_tokens, started)
-        return len(todo)
+            outputs.append_line(journal, f"wrote {i}")
+            failpoint("chunk-written", self.label())
+            done_tokens += data.shape[0] * shape[1]
+            self.progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
+        return {"chunks": out.n_chunks, "chunks_found": out.n_chunks - len(todo),
+                "chunks_computed": len(todo), "chunks_corrupted": len(corrupted)}
+
+
+def _as_json(value):
+    """The value as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
 
 
 class Embed(PlacedTask):
@@ -219,23 +255,33 @@ class Embed(PlacedTask):
     def identity(self):
         return {"model": self.spec().model_sha256}
 
-    def run(self):
+    def execute(self):
         import torch
 
         from .arch import load_architecture
 
-        started, s = time.time(), self.spec()
+        s = self.spec()
         work = self.begin()
         arch = load_architecture(s.gguf)
         plan, _ = self.plan()
+        shape = (plan.n_windows, s.method.ctx, arch.hp.hidden)
+        self.check_disk(shape)
         per = self.windows_per_chunk
 
         def compute(i):
             ids = torch.from_numpy(plan.ids[i * per:(i + 1) * per].astype(np.int64))
             return arch.embed(ids, "cpu", torch.float32).numpy()
 
-        redone = self.fill(work, plan.n_windows, s.method.ctx, arch.hp.hidden, compute)
-        self.commit(started, chunks_computed=redone)
+        self.commit(**self.fill(work / "boundary.zarr", shape, "float32", compute))
+
+    def check_disk(self, shape: tuple[int, int, int]) -> None:
+        """Refuse a pass whose boundaries (and scores) cannot fit on the run root's disk."""
+        alive = len(self.windows()) + 1 if self.keep_boundaries else 2
+        need = alive * 4 * int(np.prod(shape)) + 8 * shape[0] * shape[1]
+        free = outputs.free_bytes(Path(self.run_root))
+        if need > free:
+            raise UserError(f"the pass needs about {need / 2**30:.2f} GiB under {self.run_root} "
+                            f"({alive} boundaries of {shape}) but {free / 2**30:.2f} GiB are free")
 
 
 class LayerWindow(PlacedTask):
@@ -255,23 +301,21 @@ class LayerWindow(PlacedTask):
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
 
-    def run(self):
+    def execute(self):
         import torch
 
         from .arch import load_architecture
         from .window import LayerWindow as Executor
 
-        started, s = time.time(), self.spec()
         device = resolve_device(self.device())
         work = self.begin()
-        arch = load_architecture(s.gguf)
         source = self.input_boundary()
-        n, ctx, hidden = source.array.shape
-        executor = Executor(arch, self.first, self.last, device, getattr(torch, self.dtype_name(device)))
-        redone = self.fill(work, n, ctx, hidden,
-                           lambda i: executor(torch.from_numpy(source.read_chunk(i))).numpy())
+        executor = Executor(load_architecture(self.spec().gguf), self.first, self.last, device,
+                            getattr(torch, self.dtype_name(device)))
+        stats = self.fill(work / "boundary.zarr", source.array.shape, "float32",
+                          lambda i: executor(torch.from_numpy(source.read_chunk(i))).numpy())
         executor.release()
-        self.commit(started, chunks_computed=redone, device=device)
+        self.commit(device=device, **stats)
         self.release_input()
 
 
@@ -285,32 +329,42 @@ class Score(PlacedTask):
     def identity(self):
         return {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device())}
 
-    def run(self):
+    def execute(self):
         import torch
 
         from .arch import load_architecture
         from .scoring import summarize, window_nll
 
-        started, s = time.time(), self.spec()
         device = resolve_device(self.device())
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
-        arch = load_architecture(s.gguf)
-        head = arch.load_head(device, dtype)
+        head = load_architecture(self.spec().gguf).load_head(device, dtype)
         plan, _ = self.plan()
         source = self.input_boundary()
-        nll = []
-        t0 = time.time()
-        for i in range(source.n_chunks):
+        n, ctx, _ = source.array.shape
+
+        def compute(i):
+            # [windows in chunk, ctx] float64: NLL at scored target positions, NaN elsewhere
             hidden = torch.from_numpy(source.read_chunk(i))
-            for j, w in enumerate(range(*source.windows(i).indices(plan.n_windows))):
-                nll.append(window_nll(head, hidden[j], plan.ids[w], int(plan.score_lo[w]),
-                                      int(plan.score_hi[w]), device, dtype))
-            self.progress(i + 1, source.n_chunks, sum(x.size for x in nll), t0)
-        result = summarize(nll)
+            nll = np.full((hidden.shape[0], ctx), np.nan)
+            for j, w in enumerate(range(*source.windows(i).indices(n))):
+                lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
+                nll[j, lo:hi] = window_nll(head, hidden[j], plan.ids[w], lo, hi, device, dtype)
+            return nll
+
+        stats = self.fill(work / "nll.zarr", (n, ctx), "float64", compute)
+        nll = _read_all(work / "nll.zarr")
+        result = summarize([row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(nll)])
         outputs.write_json(work / "result.json", result)
-        self.commit(started, device=device)
+        self.commit(device=device, **stats)
         self.release_input()
+
+
+def _read_all(path: Path) -> np.ndarray:
+    from .boundary import ChunkedArray
+
+    store = ChunkedArray.open(path)
+    return np.concatenate([store.read_chunk(i) for i in range(store.n_chunks)])
 
 
 class PerplexityRun(RunTask):
