@@ -195,9 +195,9 @@ class PlacedTask(RunTask):
 
         upstream = self.requires()
         boundary = ChunkedArray.open(upstream.out_dir() / "boundary.zarr")
-        if boundary.attrs.get("identity") != _as_json(upstream.identity()):
-            raise UserError(f"{boundary.path} was written by another run ({boundary.attrs.get('identity')}), "
-                            f"not by {upstream.label()} of this one")
+        if boundary.attrs.get("output") != upstream.out_dir().name:
+            raise UserError(f"{boundary.path} was written by another run (output "
+                            f"{boundary.attrs.get('output')}), not by {upstream.label()} of this one")
         return boundary
 
     def plan(self):
@@ -210,7 +210,7 @@ class PlacedTask(RunTask):
         """The array being written, reopened after a crash with the chunks it already holds."""
         from .boundary import ChunkedArray
 
-        attrs = _as_json({"identity": self.identity(), "dtype": dtype})
+        attrs = _as_json({"identity": self.identity(), "output": self.out_dir().name, "dtype": dtype})
         if (path / "zarr.json").is_file():
             existing = ChunkedArray.open_for_update(path)
             if existing.attrs == attrs and existing.array.shape == shape:

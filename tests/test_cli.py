@@ -1,6 +1,8 @@
 """The command users type: `luigi --module pipeline PerplexityRun ...` from the repository root."""
+import hashlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,12 @@ from pipeline.paths import REPO_ROOT
 def luigi_cli(*args, run_root):
     cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root", str(run_root), *args]
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def tree_digest(root: Path) -> dict:
+    """Content hashes of every file of the completed outputs under a run root."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.glob("*/*/**/*")) if p.is_file() and ".partial" not in str(p)}
 
 
 def assert_one_line_error(done, pattern):
