@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import luigi
-import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 
