@@ -112,20 +112,23 @@ def main(argv=None) -> int:
         reference = result_numbers(tmp / "reference")
         tally = {"kills": 0, "identical results": 0, "chunks recomputed": 0,
                  "most chunks recomputed by one task": 0, "corrupted chunks detected": 0}
-        for k in range(kills):
-            delay = rng.uniform(0.05, 1.0) * span
+        k = 0
+        while tally["kills"] < kills and k < 3 * kills:  # a pass that finished first is no kill
+            delay = rng.uniform(0.05, 0.9) * span
             o = kill_and_resume(tmp / f"kill-{k}", settings, reference, kill_after=delay)
+            k += 1
             tally["kills"] += o.killed
             tally["identical results"] += o.identical
             tally["chunks recomputed"] += o.recomputed
             tally["most chunks recomputed by one task"] = max(tally["most chunks recomputed by one task"], o.worst_task)
             tally["corrupted chunks detected"] += o.corrupted
-            print(f"run {k + 1}/{kills}: kill after {delay:.1f}s, killed={o.killed}, identical={o.identical}, "
+            print(f"run {k}: kill after {delay:.1f}s, killed={o.killed}, identical={o.identical}, "
                   f"recomputed={o.recomputed}", flush=True)
+    tally["runs"] = k
     print()
     for key, value in tally.items():
         print(f"{key:<36}{value}")
-    ok = tally["identical results"] == kills and tally["most chunks recomputed by one task"] <= 1
+    ok = tally["identical results"] == k and tally["most chunks recomputed by one task"] <= 1
     return 0 if ok else 1
 
 

@@ -103,7 +103,10 @@ class RunTask(luigi.Task):
                                               "identity": self.identity()})
 
     def commit(self, **manifest) -> None:
-        outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(),
+        s = self.spec()
+        run = {"model": {"path": str(s.model_path), "sha256": s.model_sha256}, "corpus": s.corpus_id,
+               "method": s.method.as_dict()}
+        outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(), "run": run,
                                         "elapsed_s": time.time() - self.started, **manifest},
                        on_written=lambda: failpoint("manifest-written", self.label()))
         failpoint("task-committed", self.label())
