@@ -3,7 +3,9 @@ per-token scores.
 
 Arrays are chunked along their first axis by whole corpus windows (`per_chunk` of them),
 compressed with Blosc/zstd and carry a crc32c checksum per chunk, so a damaged chunk is
-detected when it is read. A boundary is float32 [n_windows, ctx, hidden]. Knows no model.
+detected when it is read. A boundary is [n_windows, ctx, hidden], read and written as float32
+and stored as float32, float16 or bfloat16; Zarr has no bfloat16, so those are stored as the
+uint16 bit patterns with the real dtype recorded in the attributes. Knows no model.
 """
 from pathlib import Path
 
@@ -20,6 +22,29 @@ def _codecs():
     return [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"), Crc32cCodec()]
 
 
+FLOAT16_MAX = 65504.0
+STORED_AS = {"float32": "float32", "float16": "float16", "bfloat16": "uint16", "float64": "float64"}
+
+
+def encode(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float values -> what is stored for `dtype` (bfloat16: round to nearest even)."""
+    if dtype == "bfloat16":
+        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    if dtype == "float16":
+        peak = float(np.abs(x).max()) if x.size else 0.0
+        if not peak <= FLOAT16_MAX:
+            raise UserError(f"the hidden state reaches {peak:.3g}, beyond float16's range of {FLOAT16_MAX:g}: "
+                            f"use --boundary-dtype bfloat16 or float32 for this model")
+    return x.astype(STORED_AS[dtype])
+
+
+def decode(stored: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bfloat16":
+        return (stored.astype(np.uint32) << 16).view(np.float32)
+    return stored.astype(np.float64 if dtype == "float64" else np.float32)
+
+
 class ChunkedArray:
     def __init__(self, path: Path, array: zarr.Array):
         self.path, self.array = Path(path), array
@@ -29,8 +54,8 @@ class ChunkedArray:
     def create(cls, path: Path, shape: tuple[int, ...], per_chunk: int, dtype: str,
                attrs: dict) -> "ChunkedArray":
         array = zarr.create_array(store=str(path), shape=shape, chunks=(per_chunk, *shape[1:]),
-                                  dtype=dtype, compressors=_codecs(), fill_value=0,
-                                  attributes=attrs, overwrite=True)
+                                  dtype=STORED_AS[dtype], compressors=_codecs(), fill_value=0,
+                                  attributes={**attrs, "dtype": dtype}, overwrite=True)
         return cls(path, array)
 
     @classmethod
@@ -50,6 +75,10 @@ class ChunkedArray:
     @property
     def attrs(self) -> dict:
         return self.array.attrs.asdict()
+
+    @property
+    def dtype(self) -> str:
+        return self.attrs["dtype"]
 
     @property
     def n_chunks(self) -> int:
@@ -73,13 +102,13 @@ class ChunkedArray:
 
     def read_chunk(self, i: int) -> np.ndarray:
         try:
-            return self.array[self.windows(i)]
+            return decode(self.array[self.windows(i)], self.dtype)
         except ValueError as e:
             raise UserError(f"chunk {i} of {self.path} is corrupted ({e}); delete that task's "
                             f"folder ({self.path.parent}) and rerun to recompute it") from None
 
     def write_chunk(self, i: int, data: np.ndarray) -> None:
-        self.array[self.windows(i)] = data
+        self.array[self.windows(i)] = encode(data, self.dtype)
 
 
 def save_plan(path: Path, tokens: np.ndarray, plan: WindowPlan, per_chunk: int, attrs: dict) -> None:

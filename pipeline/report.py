@@ -5,7 +5,7 @@ from . import outputs
 from .placement import describe
 
 
-def build_result(spec, windows, score_task, chain) -> dict:
+def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
     tokenize = next(outputs.read_manifest(t.out_dir()) for t in chain if t.task_family == "Tokenize")
     scored = json.loads((score_task.out_dir() / "result.json").read_text())
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
@@ -23,7 +23,7 @@ def build_result(spec, windows, score_task, chain) -> dict:
         "model": {"path": str(spec.model_path), "sha256": spec.model_sha256,
                   "architecture": spec.gguf.architecture, "n_layers": hp.n_layers},
         "corpus": {**spec.corpus_id, "tokens": tokenize["n_tokens"]},
-        "task": spec.eval_task.name,
+        "task": spec.eval_task.name, **numerics,
         "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else None,
         "per_window": scored["per_window"],
         "outputs": {t.task_family + ("" if t.task_family != "LayerWindow" else f"[{t.first}..{t.last})"):
@@ -43,6 +43,7 @@ def print_report(r: dict, per_window: bool = False) -> None:
         ("Corpus", f"{r['corpus'].get('source', r['corpus'].get('tokens_file'))} ({r['corpus']['tokens']:,} tokens)"),
         ("Elapsed", f"{r['elapsed_s']:.1f} s"),
         ("Tokens/s", f"{r['tokens_per_s']:,.1f}" if r["tokens_per_s"] else "-"),
+        ("Numerics", f"{r['compute_dtype']} compute, {r['boundary_dtype']} boundaries"),
         ("Layer placement", r["placement_text"]),
     ]
     width = max(len(k) for k, _ in rows)

@@ -167,6 +167,8 @@ class PlacedTask(RunTask):
     placement = luigi.Parameter(description="layer windows, e.g. cpu:0:4,cpu:4:8 (set by PerplexityRun)")
     compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                                           description="auto: float32 on the CPU, bfloat16 on CUDA")
+    boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32",
+                                           description="how boundaries are stored on disk")
 
     def windows(self):
         return parse_placement(self.placement)
@@ -256,7 +258,7 @@ class Embed(PlacedTask):
         return self.clone(Tokenize)
 
     def identity(self):
-        return {"model": self.spec().model_sha256}
+        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype}
 
     def execute(self):
         import torch
@@ -275,12 +277,13 @@ class Embed(PlacedTask):
             ids = torch.from_numpy(plan.ids[i * per:(i + 1) * per].astype(np.int64))
             return arch.embed(ids, "cpu", torch.float32).numpy()
 
-        self.commit(**self.fill(work / "boundary.zarr", shape, "float32", compute))
+        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, compute))
 
     def check_disk(self, shape: tuple[int, int, int]) -> None:
         """Refuse a pass whose boundaries (and scores) cannot fit on the run root's disk."""
         alive = len(self.windows()) + 1 if self.keep_boundaries else 2
-        need = alive * 4 * int(np.prod(shape)) + 8 * shape[0] * shape[1]
+        width = 4 if self.boundary_dtype == "float32" else 2
+        need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1]
         free = outputs.free_bytes(Path(self.run_root))
         if need > free:
             raise UserError(f"the pass needs about {need / 2**30:.2f} GiB under {self.run_root} "
@@ -299,7 +302,7 @@ class LayerWindow(PlacedTask):
 
     def identity(self):
         return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
-                "compute_dtype": self.dtype_name(self.device())}
+                "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype}
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
@@ -315,7 +318,7 @@ class LayerWindow(PlacedTask):
         source = self.input_boundary()
         executor = Executor(load_architecture(self.spec().gguf), self.first, self.last, device,
                             getattr(torch, self.dtype_name(device)))
-        stats = self.fill(work / "boundary.zarr", source.array.shape, "float32",
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype,
                           lambda i: executor(torch.from_numpy(source.read_chunk(i))).numpy())
         executor.release()
         self.commit(device=device, **stats)
@@ -378,6 +381,7 @@ class PerplexityRun(RunTask):
     device = luigi.ChoiceParameter(choices=["auto", "cpu", "cuda"], default="auto", significant=False,
                                    description="device for the placed windows")
     compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
     per_window = luigi.BoolParameter(default=False, description="print per-window NLL and running PPL")
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
 
@@ -410,7 +414,9 @@ class PerplexityRun(RunTask):
         windows = self.placement()
         score = self.requires()
         chain = [score] + _upstream_chain(score)
-        result = build_result(self.spec(), windows, score, chain)
+        dtypes = sorted({score.dtype_name(w.device) for w in windows})
+        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype}
+        result = build_result(self.spec(), windows, score, chain, numerics)
         print_report(result, per_window=self.per_window)
         if self.result_json:
             Path(self.result_json).parent.mkdir(parents=True, exist_ok=True)

@@ -41,3 +41,20 @@ def test_stride_method_scores_every_token_once(tmp_path):
     assert r["tokens_scored"] == r["corpus"]["tokens"] - 1
     llama = run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=256, window_layers=0)
     assert r["ppl"] < llama["ppl"] * 1.2  # same text, at least half a window of context per token
+
+
+def test_bfloat16_boundaries_change_little(tmp_path):
+    common = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=4, window_layers=10)
+    exact = run_pipeline(tmp_path, **common)
+    packed = run_pipeline(tmp_path, boundary_dtype="bfloat16", **common)
+    assert packed["boundary_dtype"] == "bfloat16"
+    assert packed["mean_nll"] != exact["mean_nll"]                          # it is rounded at each cut
+    assert packed["mean_nll"] == pytest.approx(exact["mean_nll"], rel=5e-3)  # and only a little
+
+
+def test_float16_boundaries_refused_for_gemma3(tmp_path):
+    from .test_cli import assert_one_line_error, luigi_cli
+
+    done = luigi_cli("--model", "gemma3-270m", "--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128",
+                     "--chunks", "4", "--boundary-dtype", "float16", run_root=tmp_path)
+    assert_one_line_error(done, "beyond float16's range")
