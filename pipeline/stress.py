@@ -7,6 +7,7 @@ Prints the tally: kills, identical results, chunks recomputed, corrupted chunks 
 The same functions drive the fixed crash tests in tests/test_crash.py.
 """
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -36,8 +37,9 @@ def pass_args(settings: dict) -> list[str]:
     return [arg for k in keys for arg in (f"--{k.replace('_', '-')}", str(settings[k]))]
 
 
-def run_pass(run_root: Path, settings: dict, fault: str = "", kill_after: float | None = None):
-    """One `luigi --module pipeline PerplexityRun` process; returns (exit code, stderr)."""
+def run_pass(run_root: Path, settings: dict, fault: str = "", kill_at: tuple[int, float] | None = None):
+    """One `luigi --module pipeline PerplexityRun` process; returns (exit code, stderr lines).
+    `kill_at=(n, delay)` sends SIGKILL `delay` seconds after its n-th line of progress."""
     cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", *pass_args(settings),
            "--run-root", str(run_root), "--result-json", str(run_root / "result.json")]
     env = {k: v for k, v in os.environ.items() if k != "LAYERCYCLE_FAULT"}
@@ -45,12 +47,17 @@ def run_pass(run_root: Path, settings: dict, fault: str = "", kill_after: float 
         env["LAYERCYCLE_FAULT"] = fault
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    try:
-        _, err = proc.communicate(timeout=kill_after)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-    return proc.returncode, err
+    lines = []
+    if kill_at is not None:
+        n, delay = kill_at
+        while len(lines) < n and (line := proc.stderr.readline()):
+            lines.append(line)
+        time.sleep(delay)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines += proc.stderr.readlines()
+    proc.wait()
+    return proc.returncode, lines
 
 
 def result_numbers(run_root: Path) -> dict:
@@ -81,12 +88,12 @@ class Outcome:
 
 
 def kill_and_resume(run_root: Path, settings: dict, reference: dict, fault: str = "",
-                    kill_after: float | None = None) -> Outcome:
-    code, _ = run_pass(run_root, settings, fault, kill_after)
+                    kill_at: tuple[int, float] | None = None) -> Outcome:
+    code, _ = run_pass(run_root, settings, fault, kill_at)
     killed = code == -signal.SIGKILL
     code, err = run_pass(run_root, settings)
     if code != 0:
-        raise RuntimeError(f"the rerun failed ({code}):\n{err[-2000:]}")
+        raise RuntimeError(f"the rerun failed ({code}):\n{''.join(err[-20:])}")
     redone = recomputed_chunks(run_root)
     return Outcome(killed, result_numbers(run_root) == reference, sum(redone.values()),
                    max(redone.values(), default=0), corrupted_detected(run_root))
@@ -104,26 +111,28 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="layercycle-stress-") as tmp:
         tmp = Path(tmp)
         started = time.time()
-        code, err = run_pass(tmp / "reference", settings)
+        code, lines = run_pass(tmp / "reference", settings)
         if code != 0:
-            print(err, file=sys.stderr)
+            print("".join(lines), file=sys.stderr)
             return 1
-        span = time.time() - started
+        # kill moments spread over the whole pass whatever the machine's speed: after a random
+        # line of its progress, plus a random part of the mean time between two lines
+        gap = (time.time() - started) / max(len(lines), 1)
         reference = result_numbers(tmp / "reference")
         tally = {"kills": 0, "identical results": 0, "chunks recomputed": 0,
                  "most chunks recomputed by one task": 0, "corrupted chunks detected": 0}
         k = 0
         while tally["kills"] < kills and k < 3 * kills:  # a pass that finished first is no kill
-            delay = rng.uniform(0.05, 0.9) * span
-            o = kill_and_resume(tmp / f"kill-{k}", settings, reference, kill_after=delay)
+            kill_at = (rng.randrange(len(lines)), rng.uniform(0, 1.5) * gap)
+            o = kill_and_resume(tmp / f"kill-{k}", settings, reference, kill_at=kill_at)
             k += 1
             tally["kills"] += o.killed
             tally["identical results"] += o.identical
             tally["chunks recomputed"] += o.recomputed
             tally["most chunks recomputed by one task"] = max(tally["most chunks recomputed by one task"], o.worst_task)
             tally["corrupted chunks detected"] += o.corrupted
-            print(f"run {k}: kill after {delay:.1f}s, killed={o.killed}, identical={o.identical}, "
-                  f"recomputed={o.recomputed}", flush=True)
+            print(f"run {k}: kill {kill_at[1]:.1f}s after progress line {kill_at[0]}, killed={o.killed}, "
+                  f"identical={o.identical}, recomputed={o.recomputed}", flush=True)
     tally["runs"] = k
     print()
     for key, value in tally.items():

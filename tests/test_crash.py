@@ -36,5 +36,5 @@ def test_kill_at_a_chosen_point_then_resume(fault, reference, tmp_path):
 
 def test_kill_at_a_random_moment_then_resume(reference, tmp_path):
     settings, numbers = reference
-    outcome = kill_and_resume(tmp_path, settings, numbers, kill_after=6.0)
-    assert outcome.identical and outcome.worst_task <= 1
+    outcome = kill_and_resume(tmp_path, settings, numbers, kill_at=(4, 0.3))  # after the Embed task's third chunk
+    assert outcome.killed and outcome.identical and outcome.worst_task <= 1
