@@ -23,8 +23,8 @@ def partial_dir(out: Path) -> Path:
 
 
 def begin(out: Path, params: dict) -> Path:
-    if out.exists():  # an earlier output whose data was removed: it is being recomputed
-        shutil.rmtree(out)
+    if out.exists():  # an earlier output whose data was removed (never a complete one: the
+        shutil.rmtree(out)  # caller holds the output's lock and found it incomplete)
     work = partial_dir(out)
     work.mkdir(parents=True, exist_ok=True)
     write_json(work / "params.json", params)

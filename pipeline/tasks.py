@@ -18,8 +18,8 @@ from gguf import Keys
 from . import outputs
 from .errors import UserError
 from .paths import RUNS
-from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .faults import failpoint
+from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .run_spec import resolve_run
 
 log = logging.getLogger("layercycle")
@@ -90,6 +90,8 @@ class RunTask(luigi.Task):
 
     def run(self):
         with outputs.locked(self.out_dir(), self.task_family), outputs.disk_errors(self.run_root):
+            if self.complete():  # another process finished it while this one was scheduling
+                return
             self.started = time.time()
             self.execute()
 

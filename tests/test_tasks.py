@@ -54,3 +54,13 @@ def test_bos_and_unscored_prefix_options(tmp_path):
     assert with_bos["mean_nll"] != plain["mean_nll"]
     wide = run_pipeline(tmp_path, unscored_prefix=16, **common)
     assert wide["tokens_scored"] == 2 * (128 - 17)
+
+
+def test_a_task_finished_by_another_process_is_not_redone(tmp_path):
+    first = run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=0)
+    tokenize = Tokenize(run_root=str(tmp_path), task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2)
+    manifest = (tokenize.out_dir() / "manifest.json").read_text()
+    tokenize.run()  # as if scheduled before the other process completed it
+    assert (tokenize.out_dir() / "manifest.json").read_text() == manifest
+    assert run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2,
+                        window_layers=0)["mean_nll"] == first["mean_nll"]
