@@ -21,6 +21,7 @@ from .paths import RUNS
 from .faults import failpoint
 from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .run_spec import resolve_run
+from .timing import Stopwatch, folder_bytes, peak_rss_mb
 
 log = logging.getLogger("layercycle")
 
@@ -92,7 +93,7 @@ class RunTask(luigi.Task):
         with outputs.locked(self.out_dir(), self.task_family), outputs.disk_errors(self.run_root):
             if self.complete():  # another process finished it while this one was scheduling
                 return
-            self.started = time.time()
+            self.started, self.clock = time.time(), Stopwatch()
             self.execute()
 
     def execute(self) -> None:
@@ -109,7 +110,8 @@ class RunTask(luigi.Task):
         run = {"model": {"path": str(s.model_path), "sha256": s.model_sha256}, "corpus": s.corpus_id,
                "method": s.method.as_dict()}
         outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(), "run": run,
-                                        "elapsed_s": time.time() - self.started, **manifest},
+                                        "elapsed_s": time.time() - self.started, "peak_rss_mb": peak_rss_mb(),
+                                        "seconds": dict(self.clock.seconds), **manifest},
                        on_written=lambda: failpoint("manifest-written", self.label()))
         failpoint("task-committed", self.label())
 
@@ -224,9 +226,9 @@ class PlacedTask(RunTask):
                 return existing
         return ChunkedArray.create(path, shape, self.windows_per_chunk, dtype, attrs)
 
-    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, compute) -> dict:
-        """Write every chunk of `path` that is missing or damaged; `compute(i)` gives chunk i.
-        Each chunk computed is journalled in the task folder, across restarts."""
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, compute) -> dict:
+        """Write every chunk of `path` that is missing or damaged: chunk i is
+        `compute(i, read(i))`. Each chunk computed is journalled in the task folder."""
         out = self.resumable_array(path, shape, dtype)
         journal = path.parent / "journal.log"
         present = [out.chunk_file(i).is_file() for i in range(out.n_chunks)]
@@ -237,17 +239,22 @@ class PlacedTask(RunTask):
         started, done_tokens = time.time(), 0
         for k, i in enumerate(todo, 1):
             outputs.append_line(journal, f"computing {i}")
-            data = compute(i)
+            with self.clock("read"):
+                source = read(i)
+            with self.clock("compute"):
+                data = compute(i, source)
             failpoint("chunk-computed", self.label())
             failpoint("mid-chunk-write", self.label(),
                       partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
-            out.write_chunk(i, data)
+            with self.clock("write"):
+                out.write_chunk(i, data)
             outputs.append_line(journal, f"wrote {i}")
             failpoint("chunk-written", self.label())
             done_tokens += data.shape[0] * shape[1]
             self.progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
         return {"chunks": out.n_chunks, "chunks_found": out.n_chunks - len(todo),
-                "chunks_computed": len(todo), "chunks_corrupted": len(corrupted)}
+                "chunks_computed": len(todo), "chunks_corrupted": len(corrupted),
+                "bytes_written": folder_bytes(path)}
 
 
 def _as_json(value):
@@ -275,11 +282,13 @@ class Embed(PlacedTask):
         self.check_disk(shape)
         per = self.windows_per_chunk
 
-        def compute(i):
-            ids = torch.from_numpy(plan.ids[i * per:(i + 1) * per].astype(np.int64))
+        def read(i):  # [windows, ctx] token ids
+            return torch.from_numpy(plan.ids[i * per:(i + 1) * per].astype(np.int64))
+
+        def compute(i, ids):
             return arch.embed(ids, "cpu", torch.float32).numpy()
 
-        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, compute))
+        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, read, compute))
 
     def check_disk(self, shape: tuple[int, int, int]) -> None:
         """Refuse a pass whose boundaries (and scores) cannot fit on the run root's disk."""
@@ -318,10 +327,11 @@ class LayerWindow(PlacedTask):
         device = resolve_device(self.device())
         work = self.begin()
         source = self.input_boundary()
-        executor = Executor(load_architecture(self.spec().gguf), self.first, self.last, device,
-                            getattr(torch, self.dtype_name(device)))
-        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype,
-                          lambda i: executor(torch.from_numpy(source.read_chunk(i))).numpy())
+        with self.clock("load"):
+            executor = Executor(load_architecture(self.spec().gguf), self.first, self.last, device,
+                                getattr(torch, self.dtype_name(device)))
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk,
+                          lambda i, hidden: executor(torch.from_numpy(hidden)).numpy())
         executor.release()
         self.commit(device=device, **stats)
         self.release_input()
@@ -346,21 +356,22 @@ class Score(PlacedTask):
         device = resolve_device(self.device())
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
-        head = load_architecture(self.spec().gguf).load_head(device, dtype)
+        with self.clock("load"):
+            head = load_architecture(self.spec().gguf).load_head(device, dtype)
         plan, _ = self.plan()
         source = self.input_boundary()
         n, ctx, _ = source.array.shape
 
-        def compute(i):
+        def compute(i, hidden):
             # [windows in chunk, ctx] float64: NLL at scored target positions, NaN elsewhere
-            hidden = torch.from_numpy(source.read_chunk(i))
+            hidden = torch.from_numpy(hidden)
             nll = np.full((hidden.shape[0], ctx), np.nan)
             for j, w in enumerate(range(*source.windows(i).indices(n))):
                 lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
                 nll[j, lo:hi] = window_nll(head, hidden[j], plan.ids[w], lo, hi, device, dtype)
             return nll
 
-        stats = self.fill(work / "nll.zarr", (n, ctx), "float64", compute)
+        stats = self.fill(work / "nll.zarr", (n, ctx), "float64", source.read_chunk, compute)
         nll = _read_all(work / "nll.zarr")
         result = summarize([row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(nll)])
         outputs.write_json(work / "result.json", result)

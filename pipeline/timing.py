@@ -1,0 +1,31 @@
+"""Where a task's time goes (weight load, boundary read, compute, write) and its peak memory."""
+import contextlib
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+
+class Stopwatch:
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, part: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[part] += time.perf_counter() - start
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (of the task's own process under Luigi's
+    multiprocessing workers)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
+
+
+def folder_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
