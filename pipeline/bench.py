@@ -1,0 +1,176 @@
+"""Benchmark: llama-perplexity and layercycle side by side, in one run on one machine.
+
+    python -m pipeline.bench [--config configs/bench/default.toml]
+
+For each model: llama-perplexity, layercycle with the whole trunk in one window, and cycled
+with each window size; tokens/s and wall time of the whole process (model load and
+tokenization included on both sides), the ratio to llama-perplexity, the largest peak RSS of
+one task (each task in its own process), bytes per boundary, and where layercycle's time went.
+Each figure is the median of the configured repetitions. Also writes a PNG plot.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import UserError
+from .llamacpp import llama_perplexity, parse_final_estimate
+from .models import resolve_model
+from .paths import CONFIGS, REPO_ROOT
+
+
+@dataclass
+class Row:
+    name: str
+    window: int | None          # layers per window; 0 whole trunk; None for llama-perplexity
+    wall_s: float
+    tokens_per_s: float
+    ppl: float
+    peak_rss_mb: float = 0.0
+    boundary_mb: float = 0.0
+    split: dict = field(default_factory=dict)
+
+
+def load_config(path: Path) -> dict:
+    with open(path, "rb") as f:
+        cfg = tomllib.load(f)
+    cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
+    return cfg
+
+
+def _env(threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def bench_llama(binary: Path, model: Path, cfg: dict) -> Row:
+    walls, ppl = [], 0.0
+    for _ in range(cfg["repetitions"]):
+        start = time.perf_counter()
+        done = subprocess.run([str(binary), "-m", str(model), "-f", cfg["corpus"], "-c", str(cfg["ctx"]),
+                               "-b", str(cfg["ctx"]), "-t", str(cfg["threads"]), "--chunks", str(cfg["chunks"])],
+                              capture_output=True, text=True, env=_env(cfg["threads"]))
+        walls.append(time.perf_counter() - start)
+        if done.returncode:
+            raise UserError(f"llama-perplexity failed on {model}: {done.stderr.strip().splitlines()[-1:]}")
+        ppl, _ = parse_final_estimate(done.stdout + done.stderr)
+    wall = statistics.median(walls)
+    return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl)
+
+
+def bench_layercycle(alias: str, window: int, cfg: dict) -> Row:
+    runs = []
+    for _ in range(cfg["repetitions"]):
+        with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
+            root = Path(tmp)
+            cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", alias,
+                   "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
+                   "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
+                   "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
+                   "--result-json", str(root / "result.json"), "--worker-force-multiprocessing"]
+            start = time.perf_counter()
+            done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
+            wall = time.perf_counter() - start
+            if done.returncode:
+                raise UserError(f"layercycle failed on {alias}: {done.stderr.strip().splitlines()[-1:]}")
+            manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
+            runs.append((wall, json.loads((root / "result.json").read_text())["ppl"], manifests))
+    wall, ppl, manifests = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    windows = [m for m in manifests if m["task"] == "LayerWindow"]
+    split = _split(manifests)
+    return Row("layercycle " + ("whole" if window == 0 else f"cycled {window}"), window, wall,
+               cfg["chunks"] * cfg["ctx"] / wall, ppl,
+               peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
+               boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=split)
+
+
+def _split(manifests: list[dict]) -> dict:
+    """Seconds in weight load/dequant, compute, boundary I/O and scoring, over all tasks."""
+    parts = {"load": 0.0, "compute": 0.0, "io": 0.0, "scoring": 0.0}
+    for m in manifests:
+        s = m.get("seconds", {})
+        if m["task"] == "Score":
+            parts["scoring"] += sum(s.values())
+            continue
+        parts["load"] += s.get("load", 0.0)
+        parts["compute"] += s.get("compute", 0.0)
+        parts["io"] += s.get("read", 0.0) + s.get("write", 0.0)
+    return parts
+
+
+def print_table(alias: str, rows: list[Row]) -> None:
+    base = rows[0].tokens_per_s
+    print(f"\n## {alias}\n")
+    print("| run | tokens/s | wall s | ratio | PPL | peak RSS/task MB | boundary MB | load s | compute s | I/O s | scoring s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        sp = r.split
+        cells = [r.name, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", f"{r.tokens_per_s / base:.2f}", f"{r.ppl:.4f}",
+                 f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb else "-", f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
+                 *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "compute", "io", "scoring"))]
+        print("| " + " | ".join(cells) + " |")
+
+
+def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("the plot needs matplotlib: pip install -e '.[plot]'") from None
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for alias, rows in results.items():
+        cycled = sorted((r.window or n_layers[alias], r) for r in rows if r.window is not None)
+        xs = [x for x, _ in cycled]
+        speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=alias)
+        speed.axhline(rows[0].tokens_per_s, linestyle="--", linewidth=1, color=speed.lines[-1].get_color())
+        memory.plot(xs, [r.peak_rss_mb for _, r in cycled], marker="o", label=alias)
+    speed.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="tokens/s",
+              title="tokens/s (dashed: llama-perplexity)")
+    memory.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="MB", title="peak RSS of one task")
+    for ax in (speed, memory):
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=CONFIGS / "bench" / "default.toml")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        binary = llama_perplexity(cfg["llama_cpp_python"])
+        results, n_layers = {}, {}
+        for alias in cfg["models"]:
+            rows = [bench_llama(binary, resolve_model(alias), cfg)]
+            rows += [bench_layercycle(alias, w, cfg) for w in cfg["window_sizes"]]
+            print_table(alias, rows)
+            results[alias] = rows
+            n_layers[alias] = _n_layers(alias)
+        plot(results, n_layers, REPO_ROOT / cfg["plot"])
+        print(f"\nplot: {cfg['plot']}")
+    except UserError as e:
+        print(f"layercycle bench: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _n_layers(alias: str) -> int:
+    from .arch import load_architecture
+    from .gguf_file import open_gguf
+
+    return load_architecture(open_gguf(str(resolve_model(alias)))).hp.n_layers
+
+
+if __name__ == "__main__":
+    sys.exit(main())
