@@ -4,8 +4,9 @@
 
 For each model: llama-perplexity, layercycle with the whole trunk in one window, and cycled
 with each window size; tokens/s and wall time of the whole process (model load and
-tokenization included on both sides), the ratio to llama-perplexity, the largest peak RSS of
-one task (each task in its own process), bytes per boundary, and where layercycle's time went.
+tokenization included on both sides), the ratio to llama-perplexity, the largest peak RSS of a
+window task and of any task (each task in its own process), bytes per boundary, and where
+layercycle's time went.
 Each figure is the median of the configured repetitions. Also writes a PNG plot.
 """
 import argparse
@@ -33,7 +34,8 @@ class Row:
     wall_s: float
     tokens_per_s: float
     ppl: float
-    peak_rss_mb: float = 0.0
+    window_rss_mb: float = 0.0  # largest peak RSS of a LayerWindow task
+    peak_rss_mb: float = 0.0    # largest peak RSS of any task (the Score task holds the LM head)
     boundary_mb: float = 0.0
     split: dict = field(default_factory=dict)
 
@@ -86,6 +88,7 @@ def bench_layercycle(alias: str, window: int, cfg: dict) -> Row:
     split = _split(manifests)
     return Row("layercycle " + ("whole" if window == 0 else f"cycled {window}"), window, wall,
                cfg["chunks"] * cfg["ctx"] / wall, ppl,
+               window_rss_mb=max(m["peak_rss_mb"] for m in windows),
                peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
                boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=split)
 
@@ -107,12 +110,14 @@ def _split(manifests: list[dict]) -> dict:
 def print_table(alias: str, rows: list[Row]) -> None:
     base = rows[0].tokens_per_s
     print(f"\n## {alias}\n")
-    print("| run | tokens/s | wall s | ratio | PPL | peak RSS/task MB | boundary MB | load s | compute s | I/O s | scoring s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB | boundary MB "
+          "| load s | compute s | I/O s | scoring s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         sp = r.split
         cells = [r.name, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", f"{r.tokens_per_s / base:.2f}", f"{r.ppl:.4f}",
-                 f"{r.peak_rss_mb:.0f}" if r.peak_rss_mb else "-", f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
+                 *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb)),
+                 f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
                  *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "compute", "io", "scoring"))]
         print("| " + " | ".join(cells) + " |")
 
@@ -131,10 +136,10 @@ def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) ->
         xs = [x for x, _ in cycled]
         speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=alias)
         speed.axhline(rows[0].tokens_per_s, linestyle="--", linewidth=1, color=speed.lines[-1].get_color())
-        memory.plot(xs, [r.peak_rss_mb for _, r in cycled], marker="o", label=alias)
+        memory.plot(xs, [r.window_rss_mb for _, r in cycled], marker="o", label=alias)
     speed.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="tokens/s",
               title="tokens/s (dashed: llama-perplexity)")
-    memory.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="MB", title="peak RSS of one task")
+    memory.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="MB", title="peak RSS of a window task")
     for ax in (speed, memory):
         ax.set_xscale("log", base=2)
         ax.legend()
