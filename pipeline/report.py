@@ -2,6 +2,7 @@
 import json
 
 from . import outputs
+from .arch import load_architecture
 from .placement import describe
 
 
@@ -10,8 +11,6 @@ def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
     scored = json.loads((score_task.out_dir() / "result.json").read_text())
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
     evaluated = tokenize["n_windows"] * spec.method.ctx
-    from .arch import load_architecture
-
     hp = load_architecture(spec.gguf).hp
     return {
         "ppl": scored["ppl"], "ppl_stderr": scored["ppl_stderr"], "mean_nll": scored["mean_nll"],

@@ -231,9 +231,8 @@ class PlacedTask(RunTask):
         `compute(i, read(i))`. Each chunk computed is journalled in the task folder."""
         out = self.resumable_array(path, shape, dtype)
         journal = path.parent / "journal.log"
-        present = [out.chunk_file(i).is_file() for i in range(out.n_chunks)]
-        todo = [i for i in range(out.n_chunks) if not (present[i] and out.verified(i))]
-        corrupted = [i for i in todo if present[i]]
+        todo = [i for i in range(out.n_chunks) if not out.verified(i)]
+        corrupted = [i for i in todo if out.chunk_file(i).is_file()]
         for i in corrupted:
             log.warning(f"{self.label()}: chunk {i} failed its checksum; recomputing it")
         started, done_tokens = time.time(), 0
