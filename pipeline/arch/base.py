@@ -4,6 +4,7 @@ Subclasses (one module per family) state what differs: RoPE pairing, per-layer a
 window and RoPE base, embedding scale, activation, extra norms. Weights are read and
 dequantized only when a layer, the embedding rows or the head are asked for.
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -116,6 +117,11 @@ class DecoderArch:
         return float(self.key(Keys.Attention.SCALE, 1.0 / math.sqrt(self.hp.head_dim)))
 
     def rope_spec(self, layer: int) -> RopeSpec:
+        return self.trunk_rope
+
+    @functools.cached_property
+    def trunk_rope(self) -> RopeSpec:
+        """The RoPE of the file's metadata, read (and `rope_freqs` dequantized) once."""
         factors = None
         name = TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight"
         if name in self.gguf.tensors:
