@@ -1,7 +1,9 @@
-"""llama-perplexity, built once from the llama.cpp sources vendored in llama-cpp-python's sdist
-and cached outside the repository (~/.cache/layercycle, or $LAYERCYCLE_CACHE)."""
+"""llama.cpp's sources as vendored in llama-cpp-python's sdist (for llama-perplexity and
+convert_hf_to_gguf.py), fetched once and cached outside the repository (~/.cache/layercycle,
+or $LAYERCYCLE_CACHE)."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -16,21 +18,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LAYERCYCLE_CACHE", Path.home() / ".cache" / "layercycle"))
 
 
-def llama_perplexity(version: str) -> Path:
-    root = cache_dir() / f"llama-cpp-python-{version}"
-    binary = root / "build" / "bin" / "llama-perplexity"
-    if binary.is_file():
-        return binary
+def llama_cpp_source(version: str) -> Path:
+    """The vendored llama.cpp tree of llama-cpp-python `version`, downloaded and unpacked once."""
+    source = cache_dir() / f"llama-cpp-python-{version}" / "src"
+    found = list(source.glob("*/vendor/llama.cpp"))
+    if found:
+        return found[0]
     sdist_dir = cache_dir() / "sdist"
     sdist = sdist_dir / f"llama_cpp_python-{version}.tar.gz"
     if not sdist.is_file():
         _check([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
                 "-d", str(sdist_dir), f"llama-cpp-python=={version}"], "download llama-cpp-python's sdist")
-    source = root / "src"
-    if not source.is_dir():
-        with tarfile.open(sdist) as tar:
-            tar.extractall(source, filter="data")
-    llama = next(source.glob("*/vendor/llama.cpp"))
+    partial = source.with_name("src.partial")  # unpacked aside, renamed when whole
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(sdist) as tar:
+        tar.extractall(partial, filter="data")
+    partial.rename(source)
+    return next(source.glob("*/vendor/llama.cpp"))
+
+
+def llama_perplexity(version: str) -> Path:
+    root = cache_dir() / f"llama-cpp-python-{version}"
+    binary = root / "build" / "bin" / "llama-perplexity"
+    if binary.is_file():
+        return binary
+    llama = llama_cpp_source(version)
     build = root / "build"
     _check(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
             "-DCMAKE_BUILD_TYPE=Release"], "configure llama.cpp")

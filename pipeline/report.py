@@ -12,6 +12,8 @@ def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
     evaluated = tokenize["n_windows"] * spec.method.ctx
     hp = load_architecture(spec.gguf).hp
+    layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in chain if t.task_family == "LayerWindow"]
+    largest, manifest = max(layer_windows, key=lambda tm: tm[1].get("weight_bytes", 0))
     return {
         "ppl": scored["ppl"], "ppl_stderr": scored["ppl_stderr"], "mean_nll": scored["mean_nll"],
         "tokens_scored": scored["tokens_scored"], "chunks": tokenize["n_windows"],
@@ -19,6 +21,7 @@ def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
         "method": spec.method.name, "method_options": spec.method.as_dict(),
         "placement": [{"device": w.device, "first": w.first, "last": w.last} for w in windows],
         "placement_text": describe(windows),
+        "largest_window": {"first": largest.first, "last": largest.last, "weight_bytes": manifest.get("weight_bytes", 0)},
         "model": {"path": str(spec.model_path), "sha256": spec.model_sha256,
                   "architecture": spec.gguf.architecture, "n_layers": hp.n_layers},
         "corpus": {**spec.corpus_id, "tokens": tokenize["n_tokens"]},
@@ -31,6 +34,7 @@ def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
 
 
 def print_report(r: dict, per_window: bool = False) -> None:
+    lw = r["largest_window"]
     rows = [
         ("PPL", f"{r['ppl']:.4f} +/- {r['ppl_stderr']:.5f}"),
         ("Mean NLL", f"{r['mean_nll']:.6f}"),
@@ -44,6 +48,7 @@ def print_report(r: dict, per_window: bool = False) -> None:
         ("Tokens/s", f"{r['tokens_per_s']:,.1f}" if r["tokens_per_s"] else "-"),
         ("Numerics", f"{r['compute_dtype']} compute, {r['boundary_dtype']} boundaries"),
         ("Layer placement", r["placement_text"]),
+        ("Largest window", f"layers [{lw['first']}..{lw['last']}): {lw['weight_bytes'] / 2**20:,.1f} MiB of weights"),
     ]
     width = max(len(k) for k, _ in rows)
     print()

@@ -332,7 +332,7 @@ class LayerWindow(PlacedTask):
         stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk,
                           lambda i, hidden: executor(torch.from_numpy(hidden)).numpy())
         executor.release()
-        self.commit(device=device, **stats)
+        self.commit(device=device, weight_bytes=executor.weight_bytes, **stats)
         self.release_input()
 
 

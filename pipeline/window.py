@@ -1,7 +1,9 @@
 """Layer-window executor: load layers [first, last) on a device, map hidden -> hidden, release.
 
 Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
-[B, T, hidden] so the caller can store them wherever it likes.
+[B, T, hidden] so the caller can store them wherever it likes. Each of the B rows is one
+corpus window: recurrent layers start every row from a zero state, so nothing crosses a
+corpus window or a layer cut.
 """
 import torch
 
@@ -14,16 +16,18 @@ class LayerWindow:
             raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
         self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
         self.layers = [arch.load_layer(i, self.device, dtype) for i in range(first, last)]
+        self.weight_bytes = sum(layer.nbytes for layer in self.layers)
         self._tables: dict[int, Tables] = {}
 
     @torch.inference_mode()
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [B, T, hidden] float32 -> same shape, float32 on the CPU
+    def __call__(self, hidden: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+        # hidden: [B, T, hidden] float32 -> same shape, float32 on the CPU.
+        # state: recurrent state to start from and leave behind, per layer (None: zero per row)
         T = hidden.shape[1]
         tables = self._tables.setdefault(T, Tables(T, self.device, self.dtype))
         x = hidden.to(self.device, self.dtype)
-        for layer in self.layers:
-            x = layer(x, tables)
+        for i, layer in enumerate(self.layers, start=self.first):
+            x = layer(x, tables, None if state is None else state.setdefault(i, {}))
         return x.to("cpu", torch.float32)
 
     def release(self) -> None:

@@ -28,3 +28,17 @@ def run_pipeline(run_root: Path, **params) -> dict:
     summary = luigi.build([task], local_scheduler=True, detailed_summary=True, log_level="WARNING")
     assert summary.status.name in ("SUCCESS", "SUCCESS_WITH_RETRY"), summary.summary_text
     return json.loads(result.read_text())
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """(Hugging Face model, GGUF path) of a tiny random model, built and converted once per session."""
+    from .hf_models import tiny_model as build
+
+    root, built = tmp_path_factory.mktemp("tiny-models"), {}
+
+    def get(name: str, outtype: str = "f32"):
+        if (name, outtype) not in built:
+            built[name, outtype] = build(name, root, outtype)
+        return built[name, outtype]
+    return get

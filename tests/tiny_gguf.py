@@ -35,3 +35,27 @@ def write_tiny_gguf(path, arch: str = "llama", ffn_up_type: GGMLQuantizationType
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def rewrite_gguf(src, dst, transform):
+    """Copy a GGUF, metadata unchanged, with each tensor replaced by
+    transform(name, qtype, data) -> (data, qtype); data as gguf-py's reader holds it."""
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(str(src))
+    arch = reader.fields["general.architecture"].contents()
+    w = GGUFWriter(str(dst), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+    for t in reader.tensors:
+        data, qtype = transform(t.name, t.tensor_type, np.asarray(t.data))
+        w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

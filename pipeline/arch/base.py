@@ -1,13 +1,16 @@
 """A decoder-only architecture over one GGUF file: embed, layers [a, b), head.
 
-Subclasses (one module per family) state what differs: RoPE pairing, per-layer attention
-window and RoPE base, embedding scale, activation, extra norms. Weights are read and
-dequantized only when a layer, the embedding rows or the head are asked for.
+A layer is a list of residual steps, x + [post_norm](op(norm(x))), whose ops are attention,
+a recurrent mixer (Mamba2, Gated DeltaNet) or a feed-forward block (dense or mixture of
+experts). Subclasses (one module per family) state what differs: which op each layer has,
+RoPE pairing, per-layer attention window and RoPE base, embedding scale, activation. Weights
+are read and dequantized only when a layer, the embedding rows or the head are asked for.
 """
 import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import MODEL_TENSOR, TENSOR_NAMES, Keys
@@ -16,7 +19,10 @@ from torch import nn
 from ..dequant import dequantize
 from ..errors import UserError
 from ..gguf_file import GGUFIndex
-from .blocks import Attention, RopeSpec, causal_mask, gated_mlp, rms_norm, rope_tables
+from .blocks import Attention, RopeSpec, causal_mask, rms_norm, rope_tables
+from .ffn import MLP, MoE, Routing
+
+T = MODEL_TENSOR
 
 
 @dataclass(frozen=True)
@@ -49,47 +55,72 @@ class Tables:
         return self._mask[window]
 
 
-class DecoderLayer(nn.Module):
-    """x + [post_norm](attn(norm(x))), then h + [post_norm](mlp(norm(h)))."""
+class BlockTensors:
+    """The tensors of block `i`, dequantized on request; counts the bytes it holds."""
 
-    def __init__(self, w: dict[str, torch.Tensor], hp: HParams, spec: RopeSpec, window: int | None,
-                 scale: float, act):
+    def __init__(self, gguf: GGUFIndex, i: int, device, dtype):
+        self.gguf, self.i, self.device, self.dtype = gguf, i, device, dtype
+        self.nbytes, self.read = 0, set()
+
+    def name(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> str:
+        base = TENSOR_NAMES[kind].format(bid=self.i)
+        return f"{base}.{suffix}" if suffix else base
+
+    def has(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> bool:
+        return self.name(kind, suffix) in self.gguf.tensors
+
+    def __call__(self, kind: MODEL_TENSOR, suffix: str | None = "weight", required: bool = True,
+                 dtype: torch.dtype | None = None) -> torch.Tensor | None:
+        name = self.name(kind, suffix)
+        if name not in self.gguf.tensors:
+            if required:
+                raise UserError(f"{self.gguf.path}: missing tensor {name}")
+            return None
+        self.read.add(name)
+        t = dequantize(self.gguf.raw(name), self.gguf.tensors[name].qtype, self.device, name)
+        t = t.to(dtype or self.dtype)
+        self.nbytes += t.numel() * t.element_size()
+        return t
+
+    def check_all_read(self) -> None:
+        """A tensor of the block that the layer did not read means a variant we would compute
+        wrongly (merged or latent experts, extra projections): refuse it rather than guess."""
+        prefix = f"blk.{self.i}."
+        unread = sorted(n for n in self.gguf.tensors if n.startswith(prefix) and n not in self.read)
+        if unread:
+            raise UserError(f"{self.gguf.path}: tensor {unread[0]} is not part of the {self.gguf.architecture} "
+                            f"layer layercycle computes; this variant of the architecture is not supported")
+
+
+class Residual(nn.Module):
+    """x + [post_norm](op(norm(x)))."""
+
+    def __init__(self, norm: torch.Tensor, op: nn.Module, eps: float, post_norm: torch.Tensor | None = None):
         super().__init__()
-        self.w, self.hp, self.spec, self.window, self.act = w, hp, spec, window, act
-        attn_w = {k: w[k] for k in ("q", "k", "v", "o", "q_bias", "k_bias", "v_bias", "q_norm", "k_norm") if k in w}
-        self.attn = Attention(attn_w, hp.n_head, hp.n_kv, hp.head_dim, scale, hp.eps)
+        self.norm, self.op, self.eps, self.post_norm = norm, op, eps, post_norm
 
-    def forward(self, x: torch.Tensor, tables: Tables) -> torch.Tensor:
-        # x: [B, T, hidden]
-        w, eps = self.w, self.hp.eps
-        cos, sin = tables.rope(self.spec)
-        a = self.attn(rms_norm(x, w["attn_norm"], eps), cos, sin, self.spec, tables.mask(self.window))
-        h = x + (rms_norm(a, w["attn_post_norm"], eps) if "attn_post_norm" in w else a)
-        m = gated_mlp(rms_norm(h, w["ffn_norm"], eps), w, self.act)
-        return h + (rms_norm(m, w["ffn_post_norm"], eps) if "ffn_post_norm" in w else m)
+    def forward(self, x: torch.Tensor, tables: Tables, state: dict | None) -> torch.Tensor:
+        y = self.op(rms_norm(x, self.norm, self.eps), tables, state)
+        return x + (rms_norm(y, self.post_norm, self.eps) if self.post_norm is not None else y)
 
 
-# layer weight key -> (GGUF tensor, suffix); tensors a file lacks are simply absent
-LAYER_TENSORS = {
-    "attn_norm": (MODEL_TENSOR.ATTN_NORM, "weight"),
-    "q": (MODEL_TENSOR.ATTN_Q, "weight"), "k": (MODEL_TENSOR.ATTN_K, "weight"),
-    "v": (MODEL_TENSOR.ATTN_V, "weight"), "o": (MODEL_TENSOR.ATTN_OUT, "weight"),
-    "q_bias": (MODEL_TENSOR.ATTN_Q, "bias"), "k_bias": (MODEL_TENSOR.ATTN_K, "bias"),
-    "v_bias": (MODEL_TENSOR.ATTN_V, "bias"),
-    "q_norm": (MODEL_TENSOR.ATTN_Q_NORM, "weight"), "k_norm": (MODEL_TENSOR.ATTN_K_NORM, "weight"),
-    "attn_post_norm": (MODEL_TENSOR.ATTN_POST_NORM, "weight"),
-    "ffn_norm": (MODEL_TENSOR.FFN_NORM, "weight"),
-    "gate": (MODEL_TENSOR.FFN_GATE, "weight"), "up": (MODEL_TENSOR.FFN_UP, "weight"),
-    "down": (MODEL_TENSOR.FFN_DOWN, "weight"),
-    "ffn_post_norm": (MODEL_TENSOR.FFN_POST_NORM, "weight"),
-}
-REQUIRED_LAYER_TENSORS = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down")
+class DecoderLayer(nn.Module):
+    def __init__(self, steps: list[Residual], nbytes: int):
+        super().__init__()
+        self.steps, self.nbytes = steps, nbytes
+
+    def forward(self, x: torch.Tensor, tables: Tables, state: dict | None = None) -> torch.Tensor:
+        # x: [B, T, hidden]; state: recurrent state carried in and out (None: zero for every row)
+        for step in self.steps:
+            x = step(x, tables, state)
+        return x
 
 
 class DecoderArch:
     neox_rope = False           # llama GGUFs store Q/K permuted for consecutive-pair RoPE
     activation = staticmethod(F.silu)
     embed_scale: float | None = None
+    expert_gating = "softmax"   # how router logits become expert weights (llama.cpp fixes it per family)
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -102,28 +133,38 @@ class DecoderArch:
             raise UserError(f"{self.gguf.path}: missing metadata key {template.format(arch=self.gguf.architecture)}")
         return value
 
+    def layer_key(self, template: str, i: int, default=None):
+        """A key that may hold one value per layer (an array) or one for all."""
+        value = self.key(template, default)
+        return value[i] if isinstance(value, (np.ndarray, list)) else value
+
     def read_hparams(self) -> HParams:
-        hidden, n_head = int(self.key(Keys.LLM.EMBEDDING_LENGTH)), int(self.key(Keys.Attention.HEAD_COUNT))
-        n_kv = int(self.key(Keys.Attention.HEAD_COUNT_KV, n_head))
+        # hybrid models list heads per layer (0 on recurrent layers): the attention layers' count
+        hidden, n_head = int(self.key(Keys.LLM.EMBEDDING_LENGTH)), int(np.max(self.key(Keys.Attention.HEAD_COUNT)))
+        n_kv = int(np.max(self.key(Keys.Attention.HEAD_COUNT_KV, n_head)))
         tokens = self.gguf.metadata.get(Keys.Tokenizer.LIST)
         vocab = self.key(Keys.LLM.VOCAB_SIZE, getattr(tokens, "count", 0))
         return HParams(
-            n_layers=int(self.key(Keys.LLM.BLOCK_COUNT)), hidden=hidden, n_head=n_head, n_kv=n_kv,
-            head_dim=int(self.key(Keys.Attention.KEY_LENGTH, hidden // n_head)),
-            eps=float(self.key(Keys.Attention.LAYERNORM_RMS_EPS)),
+            # multi-token-prediction blocks follow the trunk; a perplexity pass never runs them
+            n_layers=int(self.key(Keys.LLM.BLOCK_COUNT)) - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0)), hidden=hidden, n_head=n_head, n_kv=n_kv,
+            head_dim=int(self.key(Keys.Attention.KEY_LENGTH, hidden // max(n_head, 1))),
+            eps=self.rms_eps(),
             context_length=int(self.key(Keys.LLM.CONTEXT_LENGTH)), vocab=int(vocab))
+
+    def rms_eps(self) -> float:
+        return float(self.key(Keys.Attention.LAYERNORM_RMS_EPS))
 
     def attention_scale(self) -> float:
         return float(self.key(Keys.Attention.SCALE, 1.0 / math.sqrt(self.hp.head_dim)))
 
-    def rope_spec(self, layer: int) -> RopeSpec:
+    def rope_spec(self, layer: int) -> RopeSpec | None:
         return self.trunk_rope
 
     @functools.cached_property
     def trunk_rope(self) -> RopeSpec:
         """The RoPE of the file's metadata, read (and `rope_freqs` dequantized) once."""
         factors = None
-        name = TENSOR_NAMES[MODEL_TENSOR.ROPE_FREQS] + ".weight"
+        name = TENSOR_NAMES[T.ROPE_FREQS] + ".weight"
         if name in self.gguf.tensors:
             factors = tuple(self.tensor(name, "cpu", torch.float32).tolist())
         scale = 1.0
@@ -136,7 +177,7 @@ class DecoderArch:
     def attention_window(self, layer: int) -> int | None:
         return None
 
-    # -- weights ---------------------------------------------------------------------------
+    # -- layers ----------------------------------------------------------------------------
     def tensor(self, name: str, device, dtype) -> torch.Tensor:
         if name not in self.gguf.tensors:
             raise UserError(f"{self.gguf.path}: missing tensor {name}")
@@ -144,19 +185,55 @@ class DecoderArch:
         return dequantize(self.gguf.raw(name), info.qtype, device, name).to(dtype)
 
     def load_layer(self, i: int, device, dtype) -> DecoderLayer:
-        w = {}
-        for key, (kind, suffix) in LAYER_TENSORS.items():
-            name = f"{TENSOR_NAMES[kind].format(bid=i)}.{suffix}"
-            if name in self.gguf.tensors:
-                w[key] = self.tensor(name, device, dtype)
-            elif key in REQUIRED_LAYER_TENSORS:
-                raise UserError(f"{self.gguf.path}: missing tensor {name}")
-        return DecoderLayer(w, self.hp, self.rope_spec(i), self.attention_window(i),
-                            self.attention_scale(), self.activation)
+        t = BlockTensors(self.gguf, i, device, dtype)
+        steps = self.layer_steps(i, t)
+        t.check_all_read()
+        return DecoderLayer(steps, t.nbytes)
 
+    def layer_steps(self, i: int, t: BlockTensors) -> list[Residual]:
+        """Attention then feed-forward, each with its pre-norm and (where present) post-norm."""
+        eps = self.hp.eps
+        return [Residual(t(T.ATTN_NORM), self.attention(i, t), eps, t(T.ATTN_POST_NORM, required=False)),
+                Residual(t(T.FFN_NORM), self.ffn(i, t), eps, t(T.FFN_POST_NORM, required=False))]
+
+    def attention(self, i: int, t: BlockTensors, gated: bool = False) -> Attention:
+        w = {"q": t(T.ATTN_Q), "k": t(T.ATTN_K), "v": t(T.ATTN_V), "o": t(T.ATTN_OUT)}
+        optional = {"q_bias": (T.ATTN_Q, "bias"), "k_bias": (T.ATTN_K, "bias"), "v_bias": (T.ATTN_V, "bias"),
+                    "o_bias": (T.ATTN_OUT, "bias"), "q_norm": (T.ATTN_Q_NORM, "weight"),
+                    "k_norm": (T.ATTN_K_NORM, "weight")}
+        w |= {k: v for k, (kind, suffix) in optional.items() if (v := t(kind, suffix, required=False)) is not None}
+        n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))
+        n_kv = int(self.layer_key(Keys.Attention.HEAD_COUNT_KV, i, n_head))
+        return Attention(w, n_head, n_kv, self.hp.head_dim, self.attention_scale(), self.hp.eps,
+                         self.rope_spec(i), self.attention_window(i), gated)
+
+    def ffn(self, i: int, t: BlockTensors) -> nn.Module:
+        """Mixture of experts where the block has a router, else the dense (gated) MLP."""
+        if t.has(T.FFN_GATE_INP):
+            return self.moe(i, t)
+        return MLP(t(T.FFN_UP), t(T.FFN_DOWN), t(T.FFN_GATE, required=False), self.activation,
+                   t(T.FFN_UP, "bias", required=False), t(T.FFN_DOWN, "bias", required=False))
+
+    def routing(self, i: int) -> Routing:
+        """Softmax families renormalise their top-k weights whatever the file says."""
+        return Routing(n_used=int(self.layer_key(Keys.LLM.EXPERT_USED_COUNT, i)), gating=self.expert_gating,
+                       normalize=True, scale=float(self.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0)
+
+    def moe(self, i: int, t: BlockTensors) -> MoE:
+        shared = None
+        if t.has(T.FFN_UP_SHEXP):
+            shared = MLP(t(T.FFN_UP_SHEXP), t(T.FFN_DOWN_SHEXP), t(T.FFN_GATE_SHEXP, required=False),
+                         self.activation)
+        routing_dtype = torch.promote_types(t.dtype, torch.float32)
+        return MoE(router=t(T.FFN_GATE_INP, dtype=routing_dtype), up=t(T.FFN_UP_EXP), down=t(T.FFN_DOWN_EXP),
+                   gate=t(T.FFN_GATE_EXP, required=False), act=self.activation, routing=self.routing(i),
+                   selection_bias=t(T.FFN_EXP_PROBS_B, "bias", required=False, dtype=routing_dtype),
+                   shared=shared, shared_gate=t(T.FFN_GATE_INP_SHEXP, required=False))
+
+    # -- embedding and head ----------------------------------------------------------------
     def embed(self, ids: torch.Tensor, device, dtype) -> torch.Tensor:
         """ids [B, T] -> hidden [B, T, hidden]; dequantizes only the rows that occur."""
-        name = TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight"
+        name = TENSOR_NAMES[T.TOKEN_EMBD] + ".weight"
         info = self.gguf.tensors[name]
         unique, inverse = torch.unique(ids, return_inverse=True)
         rows = self.gguf.raw(name)[unique.numpy()]
@@ -167,10 +244,10 @@ class DecoderArch:
         return x
 
     def load_head(self, device, dtype) -> "Head":
-        out = TENSOR_NAMES[MODEL_TENSOR.OUTPUT] + ".weight"
+        out = TENSOR_NAMES[T.OUTPUT] + ".weight"
         if out not in self.gguf.tensors:  # tied embeddings
-            out = TENSOR_NAMES[MODEL_TENSOR.TOKEN_EMBD] + ".weight"
-        norm = self.tensor(TENSOR_NAMES[MODEL_TENSOR.OUTPUT_NORM] + ".weight", device, dtype)
+            out = TENSOR_NAMES[T.TOKEN_EMBD] + ".weight"
+        norm = self.tensor(TENSOR_NAMES[T.OUTPUT_NORM] + ".weight", device, dtype)
         return Head(norm, self.tensor(out, device, dtype), self.hp.eps)
 
 

@@ -1,4 +1,4 @@
-"""Blocks shared by the architectures: RMSNorm, rotary embedding, attention, gated MLP."""
+"""Blocks shared by the architectures: RMSNorm, rotary embedding, attention."""
 from dataclasses import dataclass
 
 import torch
@@ -6,9 +6,14 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 at least: norms, routers and recurrent scans never run in 16 bits."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # normalised in float32 whatever the compute dtype, as every reference does
-    xf = x.float()
+    # normalised in float32 (or wider) whatever the compute dtype, as every reference does
+    xf = wide(x)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * weight).to(x.dtype)
 
@@ -53,29 +58,35 @@ def causal_mask(n: int, window: int | None, device) -> torch.Tensor | None:
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with optional QKV bias and per-head QK-norm."""
+    """Grouped-query self-attention with optional QKV/output bias, per-head QK-norm, RoPE
+    (None: no position encoding) and an output gate (`gated`: Q's projection carries a
+    sigmoid gate per head after its queries, as in Qwen3-Next)."""
 
-    def __init__(self, w: dict[str, torch.Tensor], n_head: int, n_kv: int, head_dim: int,
-                 scale: float, eps: float):
+    def __init__(self, w: dict[str, torch.Tensor], n_head: int, n_kv: int, head_dim: int, scale: float,
+                 eps: float, rope: RopeSpec | None, window: int | None = None, gated: bool = False):
         super().__init__()
         self.w, self.n_head, self.n_kv, self.head_dim = w, n_head, n_kv, head_dim
-        self.scale, self.eps = scale, eps
+        self.scale, self.eps, self.rope, self.window, self.gated = scale, eps, rope, window, gated
 
-    def forward(self, x, cos, sin, spec: RopeSpec, mask):
+    def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
+        # x: [B, T, hidden]
         B, T, _ = x.shape
-        w = self.w
-        q = F.linear(x, w["q"], w.get("q_bias")).view(B, T, self.n_head, self.head_dim)
-        k = F.linear(x, w["k"], w.get("k_bias")).view(B, T, self.n_kv, self.head_dim)
-        v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, self.n_kv, self.head_dim)
+        w, D = self.w, self.head_dim
+        q = F.linear(x, w["q"], w.get("q_bias")).view(B, T, self.n_head, -1)
+        if self.gated:
+            q, gate = q[..., :D], q[..., D:].reshape(B, T, self.n_head * D)
+        k = F.linear(x, w["k"], w.get("k_bias")).view(B, T, self.n_kv, D)
+        v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, self.n_kv, D)
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        q, k = apply_rope(q, cos, sin, spec), apply_rope(k, cos, sin, spec)
+        if self.rope is not None:
+            cos, sin = tables.rope(self.rope)
+            q, k = apply_rope(q, cos, sin, self.rope), apply_rope(k, cos, sin, self.rope)
+        mask = tables.mask(self.window)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
                                            scale=self.scale, enable_gqa=self.n_kv != self.n_head)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)
-        return F.linear(y, w["o"])
-
-
-def gated_mlp(x: torch.Tensor, w: dict[str, torch.Tensor], act) -> torch.Tensor:
-    return F.linear(act(F.linear(x, w["gate"])) * F.linear(x, w["up"]), w["down"])
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * D)
+        if self.gated:
+            y = y * torch.sigmoid(gate)
+        return F.linear(y, w["o"], w.get("o_bias"))

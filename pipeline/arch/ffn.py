@@ -1,0 +1,88 @@
+"""Feed-forward blocks: the dense MLP (gated or not) and the mixture of experts."""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .blocks import wide
+
+# llama.cpp clamps the sum of the chosen weights here before renormalising (smallest normal f16)
+MIN_WEIGHT_SUM = 6.103515625e-5
+
+
+def relu2(x: torch.Tensor) -> torch.Tensor:
+    return F.relu(x).square()
+
+
+class MLP(nn.Module):
+    """down(act(gate x) * up x), or down(act(up x)) where there is no gate."""
+
+    def __init__(self, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
+                 up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None):
+        super().__init__()
+        self.up, self.down, self.gate, self.act = up, down, gate, act
+        self.up_bias, self.down_bias = up_bias, down_bias
+
+    def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
+        up = F.linear(x, self.up, self.up_bias)
+        h = self.act(up) if self.gate is None else self.act(F.linear(x, self.gate)) * up
+        return F.linear(h, self.down, self.down_bias)
+
+
+@dataclass(frozen=True)
+class Routing:
+    n_used: int            # experts per token (top-k)
+    gating: str            # "softmax" or "sigmoid" over the router logits
+    normalize: bool        # chosen weights divided by their sum
+    scale: float = 1.0     # chosen weights multiplied by it
+
+
+def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor | None = None):
+    """logits [N, E] -> weights [N, k] (float32 or wider), experts [N, k].
+
+    Experts are chosen on the (optionally biased) scores, weighted by the unbiased ones. Equal
+    scores go to the lower expert index (a stable sort), so the choice never depends on the
+    batch or the kernel.
+    """
+    logits = wide(logits)
+    probs = logits.softmax(-1) if routing.gating == "softmax" else logits.sigmoid()
+    select = probs if selection_bias is None else probs + selection_bias
+    experts = torch.sort(select, dim=-1, descending=True, stable=True).indices[:, :routing.n_used]
+    weights = probs.gather(-1, experts)
+    if routing.normalize:
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
+    return weights * routing.scale if routing.scale != 1.0 else weights, experts
+
+
+class MoE(nn.Module):
+    """Routed experts (+ an always-on shared expert, optionally gated by sigmoid(shared_gate . x)).
+
+    Expert weights are [E, out, in]; each expert runs only on the tokens routed to it, so an
+    expert that receives no token costs nothing.
+    """
+
+    def __init__(self, router: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None,
+                 act, routing: Routing, selection_bias: torch.Tensor | None = None,
+                 shared: MLP | None = None, shared_gate: torch.Tensor | None = None):
+        super().__init__()
+        self.router, self.up, self.down, self.gate, self.act = router, up, down, gate, act
+        self.routing, self.selection_bias = routing, selection_bias
+        self.shared, self.shared_gate = shared, shared_gate
+
+    def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
+        # x: [B, T, hidden]
+        flat = x.reshape(-1, x.shape[-1])                                     # [N, hidden]
+        weights, experts = route(F.linear(wide(flat), self.router), self.routing, self.selection_bias)
+        out = torch.zeros(flat.shape, dtype=weights.dtype, device=flat.device)  # summed in float32 or wider
+        for e in torch.unique(experts).tolist():
+            token, slot = (experts == e).nonzero(as_tuple=True)               # [n_e], [n_e]
+            gate = None if self.gate is None else self.gate[e]
+            y = MLP(self.up[e], self.down[e], gate, self.act)(flat[token])    # [n_e, hidden]
+            out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
+        if self.shared is not None:
+            s = self.shared(flat)
+            if self.shared_gate is not None:
+                s = s * torch.sigmoid(F.linear(flat, self.shared_gate.view(1, -1)))
+            out = out + s
+        return out.to(x.dtype).view_as(x)

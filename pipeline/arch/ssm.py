@@ -1,0 +1,108 @@
+"""Mamba2 (state-space duality): the causal depthwise conv1d, the selective scan in chunked form
+and step by step, and the mixer that wires them as llama.cpp's `build_mamba2_layer` does.
+
+Recurrent state lives in a dict the caller may pass (keys "conv", "ssm"); without one every
+batch row starts from zeros, which is what a pass over independent corpus windows needs.
+Scans run in float32 (or wider) whatever the compute dtype.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .blocks import rms_norm, wide
+
+SSD_CHUNK = 64
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal convolution. x [B, T, C], weight [C, K], state [B, K-1, C] (the inputs
+    before x; zeros if None) -> y [B, T, C], new state [B, K-1, C]."""
+    B, T, C = x.shape
+    K = weight.shape[1]
+    if state is None:
+        state = x.new_zeros(B, K - 1, C)
+    padded = torch.cat([state.to(x.dtype), x], dim=1)                        # [B, K-1+T, C]
+    y = F.conv1d(padded.transpose(1, 2), weight.unsqueeze(1), bias, groups=C)  # [B, C, T]
+    return y.transpose(1, 2), padded[:, T:]
+
+
+def ssd_reference(x, dt, A, B, C, state=None):
+    """Step-by-step selective scan, h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t.
+
+    x [b, T, h, p], dt [b, T, h] (after softplus), A [h], B and C [b, T, h, n] (groups already
+    expanded to heads), state [b, h, p, n] -> y [b, T, h, p], final state."""
+    b, T, h, p = x.shape
+    s = x.new_zeros(b, h, p, B.shape[-1]) if state is None else state
+    ys = []
+    for t in range(T):
+        decay = torch.exp(dt[:, t] * A)                                       # [b, h]
+        s = s * decay[..., None, None] + (dt[:, t, :, None] * x[:, t])[..., None] * B[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", s, C[:, t]))
+    return torch.stack(ys, dim=1), s
+
+
+def _segsum(a: torch.Tensor) -> torch.Tensor:
+    """a [..., L] -> [..., L, L] with out[i, j] = a[j+1] + ... + a[i] for j <= i, -inf above."""
+    L = a.shape[-1]
+    rep = a[..., None].expand(*a.shape, L)                                    # rep[i, j] = a[i]
+    rep = rep.masked_fill(~torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device), -1), 0)
+    seg = torch.cumsum(rep, dim=-2)
+    return seg.masked_fill(~torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device)), float("-inf"))
+
+
+def ssd_chunked(x, dt, A, B, C, state=None, chunk: int = SSD_CHUNK):
+    """The same scan in chunks of `chunk` tokens: quadratic inside a chunk, a state passed
+    between chunks (Mamba2's SSD algorithm). Shapes as `ssd_reference`."""
+    b, T, h, p = x.shape
+    n = B.shape[-1]
+    pad = (-T) % chunk
+    if pad:  # zero steps: dt = 0 leaves the state untouched and adds nothing
+        x, dt, B, C = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (x, dt, B, C))
+    c = x.shape[1] // chunk
+    X = (x * dt[..., None]).view(b, c, chunk, h, p)
+    Bc, Cc = B.view(b, c, chunk, h, n), C.view(b, c, chunk, h, n)
+    a = (dt * A).view(b, c, chunk, h).permute(0, 3, 1, 2)                      # [b, h, c, l]
+    a_cum = torch.cumsum(a, dim=-1)
+    # within each chunk
+    L = torch.exp(_segsum(a))                                                  # [b, h, c, l, l]
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, L, X)
+    # state each chunk leaves behind, then carried across chunks
+    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)                         # [b, h, c, l]
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)     # [b, c, h, p, n]
+    init = x.new_zeros(b, 1, h, p, n) if state is None else state[:, None]
+    states = torch.cat([init, states], dim=1)                                 # [b, c+1, h, p, n]
+    chunk_decay = torch.exp(_segsum(F.pad(a_cum[..., -1], (1, 0))))           # [b, h, c+1, c+1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
+    # what the incoming state adds to each position of its chunk
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, states[:, :-1], torch.exp(a_cum))
+    return y.reshape(b, c * chunk, h, p)[:, :T], states[:, -1]
+
+
+class Mamba2(nn.Module):
+    """in_proj -> (z, xBC, dt); conv1d + SiLU on xBC; scan; + D x; * SiLU(z); grouped RMSNorm; out_proj."""
+
+    def __init__(self, w: dict[str, torch.Tensor], n_head: int, n_group: int, d_state: int, eps: float):
+        super().__init__()
+        self.w, self.n_head, self.n_group, self.d_state, self.eps = w, n_head, n_group, d_state, eps
+        self.d_inner = w["out"].shape[1]
+
+    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+        # x: [B, T, hidden]
+        w, h, g, n, d = self.w, self.n_head, self.n_group, self.d_state, self.d_inner
+        Bsz, T, _ = x.shape
+        zxbcdt = F.linear(x, w["in"])
+        z, xbc, dt = zxbcdt.split([d, d + 2 * g * n, h], dim=-1)
+        xbc, conv_state = causal_conv1d(xbc, w["conv"], w.get("conv_bias"), (state or {}).get("conv"))
+        xbc = wide(F.silu(xbc))
+        xs, Bm, Cm = xbc.split([d, g * n, g * n], dim=-1)
+        xs = xs.view(Bsz, T, h, d // h)
+        Bm, Cm = (m.view(Bsz, T, g, n).repeat_interleave(h // g, dim=2) for m in (Bm, Cm))  # [B, T, h, n]
+        dt = F.softplus(wide(dt) + wide(w["dt_bias"]))                       # [B, T, h]
+        y, ssm_state = ssd_chunked(xs, dt, wide(w["A"]).view(h), Bm, Cm, (state or {}).get("ssm"))
+        y = y + xs * wide(w["D"]).view(h, 1)
+        y = (y.reshape(Bsz, T, d) * F.silu(wide(z))).view(Bsz, T, g, d // g)
+        y = rms_norm(y, wide(w["norm"]), self.eps).reshape(Bsz, T, d).to(x.dtype)
+        if state is not None:
+            state["conv"], state["ssm"] = conv_state, ssm_state
+        return F.linear(y, w["out"])

@@ -1,0 +1,72 @@
+"""The chunked recurrent kernels equal their step-by-step references, and a scan split in two
+with the state handed over equals the scan in one piece (float64, lengths that are not
+multiples of the chunk)."""
+import pytest
+import torch
+
+from pipeline.arch.delta_net import delta_rule_chunked, delta_rule_reference, l2_norm
+from pipeline.arch.ssm import causal_conv1d, ssd_chunked, ssd_reference
+
+F64 = dict(dtype=torch.float64)
+TOL = dict(rtol=0, atol=1e-10)
+
+
+def ssd_inputs(b=2, T=150, h=3, p=5, n=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, T, h, p, generator=g, **F64), torch.rand(b, T, h, generator=g, **F64),
+            -2 * torch.rand(h, generator=g, **F64), torch.randn(b, T, h, n, generator=g, **F64),
+            torch.randn(b, T, h, n, generator=g, **F64))
+
+
+def delta_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = l2_norm(torch.randn(b, T, h, dk, generator=g, **F64), 1e-6) * dk ** -0.5
+    k = l2_norm(torch.randn(b, T, h, dk, generator=g, **F64), 1e-6)
+    return (q, k, torch.randn(b, T, h, dv, generator=g, **F64), -torch.rand(b, T, h, generator=g, **F64),
+            torch.rand(b, T, h, generator=g, **F64))
+
+
+# kernel -> (inputs, step-by-step reference, chunked form, shape of its state)
+KERNELS = {"ssd": (ssd_inputs, ssd_reference, ssd_chunked, (2, 3, 5, 4)),
+           "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_chunked, (2, 3, 8, 6))}
+
+
+@pytest.mark.parametrize("with_state", [False, True])
+@pytest.mark.parametrize("T", [1, 63, 64, 150])
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_chunked_kernel_equals_reference(kernel, T, with_state):
+    inputs, reference, chunked, state_shape = KERNELS[kernel]
+    args = inputs(T=T)
+    state = torch.randn(*state_shape, **F64) if with_state else None
+    out_ref, state_ref = reference(*args, state)
+    out, final = chunked(*args, state)
+    torch.testing.assert_close(out, out_ref, **TOL)
+    torch.testing.assert_close(final, state_ref, **TOL)
+
+
+def test_scans_continue_from_a_handed_over_state():
+    x, dt, A, B, C = ssd_inputs(T=150)
+    whole, _ = ssd_chunked(x, dt, A, B, C)
+    head, s = ssd_chunked(x[:, :70], dt[:, :70], A, B[:, :70], C[:, :70])
+    tail, _ = ssd_chunked(x[:, 70:], dt[:, 70:], A, B[:, 70:], C[:, 70:], s)
+    torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
+
+    q, k, v, g, beta = delta_inputs(T=150)
+    whole, _ = delta_rule_chunked(q, k, v, g, beta)
+    head, s = delta_rule_chunked(q[:, :70], k[:, :70], v[:, :70], g[:, :70], beta[:, :70])
+    tail, _ = delta_rule_chunked(q[:, 70:], k[:, 70:], v[:, 70:], g[:, 70:], beta[:, 70:], s)
+    torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
+
+
+def test_causal_conv1d_is_causal_and_resumable():
+    gen = torch.Generator().manual_seed(0)
+    x, w, bias = (torch.randn(2, 40, 6, generator=gen, **F64), torch.randn(6, 4, generator=gen, **F64),
+                  torch.randn(6, generator=gen, **F64))
+    y, _ = causal_conv1d(x, w, bias)
+    # y_t = bias + sum_j w[:, j] x_{t - 3 + j}, zeros before the start
+    padded = torch.cat([torch.zeros(2, 3, 6, **F64), x], 1)
+    expected = bias + sum(w[:, j] * padded[:, j:j + 40] for j in range(4))
+    torch.testing.assert_close(y, expected, **TOL)
+    head, state = causal_conv1d(x[:, :25], w, bias)
+    tail, _ = causal_conv1d(x[:, 25:], w, bias, state)
+    torch.testing.assert_close(torch.cat([head, tail], 1), y, **TOL)
