@@ -24,7 +24,7 @@ from pathlib import Path
 from .errors import UserError
 from .llamacpp import llama_perplexity, parse_final_estimate
 from .models import resolve_model
-from .paths import CONFIGS, REPO_ROOT
+from .paths import CONFIGS, MODELS_CACHE, REPO_ROOT
 
 
 @dataclass
@@ -38,6 +38,7 @@ class Row:
     peak_rss_mb: float = 0.0    # largest peak RSS of any task (the Score task holds the LM head)
     boundary_mb: float = 0.0
     split: dict = field(default_factory=dict)
+    refused: str = ""           # the one-line reason when layercycle refused the run
 
 
 def load_config(path: Path) -> dict:
@@ -66,12 +67,13 @@ def bench_llama(binary: Path, model: Path, cfg: dict) -> Row:
     return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl)
 
 
-def bench_layercycle(alias: str, window: int, cfg: dict) -> Row:
+def bench_layercycle(alias: str, model: Path, window: int, cfg: dict) -> Row:
+    name = "layercycle " + ("whole" if window == 0 else f"cycled {window}")
     runs = []
     for _ in range(cfg["repetitions"]):
         with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
             root = Path(tmp)
-            cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", alias,
+            cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
                    "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
                    "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
                    "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
@@ -80,13 +82,16 @@ def bench_layercycle(alias: str, window: int, cfg: dict) -> Row:
             done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
             wall = time.perf_counter() - start
             if done.returncode:
-                raise UserError(f"layercycle failed on {alias}: {done.stderr.strip().splitlines()[-1:]}")
+                reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+                if "ERROR: layercycle:" not in reason:
+                    raise UserError(f"layercycle failed on {alias}: {reason}")
+                return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1])
             manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
             runs.append((wall, json.loads((root / "result.json").read_text())["ppl"], manifests))
     wall, ppl, manifests = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
     windows = [m for m in manifests if m["task"] == "LayerWindow"]
     split = _split(manifests)
-    return Row("layercycle " + ("whole" if window == 0 else f"cycled {window}"), window, wall,
+    return Row(name, window, wall,
                cfg["chunks"] * cfg["ctx"] / wall, ppl,
                window_rss_mb=max(m["peak_rss_mb"] for m in windows),
                peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
@@ -108,14 +113,18 @@ def _split(manifests: list[dict]) -> dict:
 
 
 def print_table(alias: str, rows: list[Row]) -> None:
-    base = rows[0].tokens_per_s
+    base = rows[0].tokens_per_s if rows[0].window is None else None
     print(f"\n## {alias}\n")
     print("| run | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB | boundary MB "
           "| load s | compute s | I/O s | scoring s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        if r.refused:
+            print(f"| {r.name} | refused: {r.refused} |" + " |" * 10)
+            continue
         sp = r.split
-        cells = [r.name, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", f"{r.tokens_per_s / base:.2f}", f"{r.ppl:.4f}",
+        ratio = f"{r.tokens_per_s / base:.2f}" if base else "-"
+        cells = [r.name, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", ratio, f"{r.ppl:.4f}",
                  *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb)),
                  f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
                  *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "compute", "io", "scoring"))]
@@ -132,10 +141,11 @@ def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) ->
         raise UserError("the plot needs matplotlib: pip install -e '.[plot]'") from None
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
     for alias, rows in results.items():
-        cycled = sorted((r.window or n_layers[alias], r) for r in rows if r.window is not None)
+        cycled = sorted((r.window or n_layers[alias], r) for r in rows if r.window is not None and not r.refused)
         xs = [x for x, _ in cycled]
         speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=alias)
-        speed.axhline(rows[0].tokens_per_s, linestyle="--", linewidth=1, color=speed.lines[-1].get_color())
+        if rows[0].window is None:
+            speed.axhline(rows[0].tokens_per_s, linestyle="--", linewidth=1, color=speed.lines[-1].get_color())
         memory.plot(xs, [r.window_rss_mb for _, r in cycled], marker="o", label=alias)
     speed.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="tokens/s",
               title="tokens/s (dashed: llama-perplexity)")
@@ -154,14 +164,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
-        binary = llama_perplexity(cfg["llama_cpp_python"])
+        binary = llama_perplexity(cfg["llama_cpp_python"]) if cfg.get("llama_perplexity", True) else None
         results, n_layers = {}, {}
         for alias in cfg["models"]:
-            rows = [bench_llama(binary, resolve_model(alias), cfg)]
-            rows += [bench_layercycle(alias, w, cfg) for w in cfg["window_sizes"]]
+            model = model_path(alias, cfg)
+            rows = [bench_llama(binary, model, cfg)] if binary else []
+            rows += [bench_layercycle(alias, model, w, cfg) for w in cfg["window_sizes"]]
             print_table(alias, rows)
             results[alias] = rows
-            n_layers[alias] = _n_layers(alias)
+            n_layers[alias] = _n_layers(model)
         plot(results, n_layers, REPO_ROOT / cfg["plot"])
         print(f"\nplot: {cfg['plot']}")
     except UserError as e:
@@ -170,11 +181,28 @@ def main(argv=None) -> int:
     return 0
 
 
-def _n_layers(alias: str) -> int:
+def model_path(alias: str, cfg: dict) -> Path:
+    """A registered model, or a synthetic one from the config's [synthetic.ALIAS] table (written
+    into data/models/ on first use)."""
+    shape = cfg.get("synthetic", {}).get(alias)
+    if shape is None:
+        return resolve_model(alias)
+    from .synthetic import Shape, write_synthetic_gguf
+
+    path = MODELS_CACHE / f"{alias}.gguf"
+    if not path.is_file():
+        shape = dict(shape)
+        tokenizer = resolve_model(shape.pop("tokenizer_from"))
+        print(f"writing {path} ...", file=sys.stderr)
+        write_synthetic_gguf(path, Shape(**shape), tokenizer)
+    return path
+
+
+def _n_layers(model: Path) -> int:
     from .arch import load_architecture
     from .gguf_file import open_gguf
 
-    return load_architecture(open_gguf(str(resolve_model(alias)))).hp.n_layers
+    return load_architecture(open_gguf(str(model))).hp.n_layers
 
 
 if __name__ == "__main__":

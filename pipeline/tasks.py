@@ -187,9 +187,7 @@ class PlacedTask(RunTask):
             outputs.remove_data(self.requires().out_dir(), "boundary.zarr", "boundary_removed")
 
     def dtype_name(self, device: str) -> str:
-        if self.compute_dtype != "auto":
-            return self.compute_dtype
-        return "float32" if device == "cpu" else "bfloat16"
+        return compute_dtype_name(self.compute_dtype, device)
 
     def boundary_task(self, last: int):
         """The task whose output is the boundary at layer `last`."""
@@ -398,18 +396,17 @@ class PerplexityRun(RunTask):
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
 
     def placement(self) -> list:
-        s = self.spec()
-        n_layers = self._n_layers(s)
-        windows = plan_placement(n_layers, self.window_layers, self.gpu_layers, self.first_layer,
-                                 resolve_device(self.device))
-        check_tiling(windows, n_layers)
-        return windows
-
-    @staticmethod
-    def _n_layers(s) -> int:
         from .arch import load_architecture
+        from .memory import preflight
 
-        return load_architecture(s.gguf).hp.n_layers
+        s = self.spec()
+        hp = load_architecture(s.gguf).hp
+        windows = plan_placement(hp.n_layers, self.window_layers, self.gpu_layers, self.first_layer,
+                                 resolve_device(self.device))
+        check_tiling(windows, hp.n_layers)
+        dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
+        preflight(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
+        return windows
 
     def requires(self):
         try:
@@ -433,6 +430,13 @@ class PerplexityRun(RunTask):
         if self.result_json:
             Path(self.result_json).parent.mkdir(parents=True, exist_ok=True)
             outputs.write_json(Path(self.result_json), result)
+
+
+def compute_dtype_name(choice: str, device: str) -> str:
+    """--compute-dtype auto is float32 on the CPU (exact) and bfloat16 on CUDA."""
+    if choice != "auto":
+        return choice
+    return "float32" if device == "cpu" else "bfloat16"
 
 
 def _upstream_chain(task) -> list:

@@ -25,3 +25,16 @@ def test_time_split_separates_io_and_scoring():
         {"task": "Score", "seconds": {"load": 0.5, "read": 0.1, "compute": 2.0, "write": 0.1}},
     ]
     assert _split(manifests) == pytest.approx({"load": 1.0, "compute": 4.5, "io": 1.0, "scoring": 2.7})
+
+
+def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path):
+    from pipeline.synthetic import Shape, write_synthetic_gguf
+
+    from .conftest import run_pipeline
+
+    path = write_synthetic_gguf(tmp_path / "synthetic.gguf", Shape(layers=3, hidden=256, ffn=512, heads=4, kv_heads=2),
+                                model_path("smollm2-135m"))
+    assert not (tmp_path / "synthetic.gguf.partial").exists()
+    r = run_pipeline(tmp_path / "run", model=str(path), ctx=64, chunks=2, window_layers=2)
+    assert r["model"]["n_layers"] == 3 and r["largest_window"]["first"] == 0
+    assert 1.0 < r["ppl"] < float("inf")

@@ -1,0 +1,42 @@
+"""Memory preflight: a placement whose window cannot fit its device is refused before the pass
+starts, with the window size that does fit."""
+import re
+
+import pytest
+
+from pipeline import memory
+from pipeline.arch import load_architecture
+from pipeline.errors import UserError
+from pipeline.placement import Window
+
+
+def test_largest_fitting_window_looks_at_every_position():
+    per_layer = [1, 5, 1, 1, 1]
+    assert memory.largest_fitting_window(per_layer, fixed=1, budget=9) == 4   # 1+5+1+1 (+1) = 9
+    assert memory.largest_fitting_window(per_layer, fixed=1, budget=8) == 3   # 5+1+1 (+1) = 8
+    assert memory.largest_fitting_window(per_layer, fixed=1, budget=7) == 2   # 5+1 (+1) = 7
+    assert memory.largest_fitting_window(per_layer, fixed=1, budget=5) == 0   # the 5 never fits
+
+
+def test_refusal_names_the_need_and_the_window_that_fits():
+    windows = [Window("cpu", 0, 4)]
+    with pytest.raises(UserError, match=r"need about 4\.5 GiB .* but 3\.0 GiB are available; --window-layers 2 fits"):
+        memory.check_windows_fit(windows, [2 ** 30] * 4, 2 ** 29, {"cpu": "float32"}, {"cpu": 3 * 2 ** 30})
+
+
+def test_whole_trunk_refused_before_it_starts_and_the_advice_runs(monkeypatch, tmp_path):
+    from pipeline import PerplexityRun
+
+    run = PerplexityRun(model="smollm2-135m", window_layers=0, run_root=str(tmp_path))
+    windows = run.placement()                                     # fits this machine
+    s = run.spec()
+    per_layer = [memory.layer_weight_bytes(s.gguf, i, 4) for i in range(windows[0].last)]
+    n_head = load_architecture(s.gguf).hp.n_head
+    fixed = memory.RUNTIME_BYTES + memory.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
+    with pytest.raises(UserError, match="--window-layers") as refused:
+        run.placement()
+    advised = int(re.search(r"--window-layers (\d+) fits", str(refused.value)).group(1))
+    assert 0 < advised < len(per_layer)
+    assert PerplexityRun(model="smollm2-135m", window_layers=advised, run_root=str(tmp_path)).placement()
+    assert not list(tmp_path.iterdir())                           # refused before any task ran
