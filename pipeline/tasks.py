@@ -21,7 +21,7 @@ from .paths import RUNS
 from .faults import failpoint
 from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .run_spec import resolve_run
-from .timing import Stopwatch, folder_bytes, peak_rss_mb
+from .timing import Stopwatch, device_peak_mb, folder_bytes, peak_rss_mb, reset_device_peak
 
 log = logging.getLogger("layercycle")
 
@@ -322,6 +322,7 @@ class LayerWindow(PlacedTask):
         from .window import LayerWindow as Executor
 
         device = resolve_device(self.device())
+        reset_device_peak(device)
         work = self.begin()
         source = self.input_boundary()
         with self.clock("load"):
@@ -329,8 +330,9 @@ class LayerWindow(PlacedTask):
                                 getattr(torch, self.dtype_name(device)))
         stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk,
                           lambda i, hidden: executor(torch.from_numpy(hidden)).numpy())
+        peak = device_peak_mb(device)
         executor.release()
-        self.commit(device=device, weight_bytes=executor.weight_bytes, **stats)
+        self.commit(device=device, weight_bytes=executor.weight_bytes, device_peak_mb=peak, **stats)
         self.release_input()
 
 

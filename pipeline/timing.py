@@ -27,5 +27,21 @@ def peak_rss_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
 
 
+def reset_device_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def device_peak_mb(device: str) -> float | None:
+    """Peak memory torch allocated on a CUDA device since the last reset (None on the CPU)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) / 2**20
+
+
 def folder_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())

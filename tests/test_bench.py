@@ -38,3 +38,15 @@ def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path):
     r = run_pipeline(tmp_path / "run", model=str(path), ctx=64, chunks=2, window_layers=2)
     assert r["model"]["n_layers"] == 3 and r["largest_window"]["first"] == 0
     assert 1.0 < r["ppl"] < float("inf")
+
+
+def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
+    import torch
+
+    from pipeline import gpu_check
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: run python -m pipeline.gpu_check itself")
+    assert gpu_check.main([]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["layercycle gpu_check: no CUDA device: this check needs a GPU machine"]
