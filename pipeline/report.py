@@ -7,12 +7,13 @@ from .placement import describe
 
 
 def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
-    tokenize = next(outputs.read_manifest(t.out_dir()) for t in chain if t.task_family == "Tokenize")
+    own = [t for t in chain if t.model == score_task.model]   # without the KL base's own chain
+    tokenize = next(outputs.read_manifest(t.out_dir()) for t in own if t.task_family == "Tokenize")
     scored = json.loads((score_task.out_dir() / "result.json").read_text())
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
     evaluated = tokenize["n_windows"] * spec.method.ctx
     hp = load_architecture(spec.gguf).hp
-    layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in chain if t.task_family == "LayerWindow"]
+    layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in own if t.task_family == "LayerWindow"]
     largest, manifest = max(layer_windows, key=lambda tm: tm[1].get("weight_bytes", 0))
     return {
         "ppl": scored["ppl"], "ppl_stderr": scored["ppl_stderr"], "mean_nll": scored["mean_nll"],
@@ -29,7 +30,8 @@ def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
         "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else None,
         "per_window": scored["per_window"],
         "outputs": {t.task_family + ("" if t.task_family != "LayerWindow" else f"[{t.first}..{t.last})"):
-                    str(t.out_dir()) for t in [score_task] + chain},
+                    str(t.out_dir()) for t in own},
+        **({"kld": {"base": score_task.kl_base, **scored["kld"]}} if "kld" in scored else {}),
     }
 
 
@@ -50,6 +52,18 @@ def print_report(r: dict, per_window: bool = False) -> None:
         ("Layer placement", r["placement_text"]),
         ("Largest window", f"layers [{lw['first']}..{lw['last']}): {lw['weight_bytes'] / 2**20:,.1f} MiB of weights"),
     ]
+    if "kld" in r:
+        k = r["kld"]
+        rows += [
+            ("KL base", k["base"]),
+            ("Mean KLD", f"{k['mean']:.6f} +/- {k['stderr']:.6f}"),
+            ("KLD median / p90 / p99", f"{k['median']:.6f} / {k['p90']:.6f} / {k['p99']:.6f}"),
+            ("KLD min / max", f"{k['min']:.6f} / {k['max']:.6f}"),
+            ("Same top token", f"{100 * k['same_top']:.3f}%"),
+            ("RMS delta p", f"{100 * k['delta_p_rms']:.3f}%"),
+            ("PPL(Q) / PPL(base)", f"{k['ppl_ratio']:.6f} (base PPL {k['ppl_base']:.4f})"),
+            ("Log-prob correlation", f"{100 * k['logprob_correlation']:.3f}%"),
+        ]
     width = max(len(k) for k, _ in rows)
     print()
     for k, v in rows:

@@ -11,17 +11,24 @@ LOGITS_BUDGET = 1 << 26  # float32 logits materialised at once (256 MiB)
 
 
 @torch.inference_mode()
-def window_nll(head, hidden: torch.Tensor, ids: np.ndarray, lo: int, hi: int, device, dtype) -> np.ndarray:
-    """hidden [T, hidden] of one corpus window -> NLL of targets ids[lo:hi], float64 [hi - lo]."""
-    vocab = head.weight.shape[0]
-    rows_per_slice = max(1, LOGITS_BUDGET // vocab)
+def window_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: int, hi: int,
+                  device, dtype) -> np.ndarray:
+    """hidden [T, hidden] of one corpus window (and of the KL base's, with its head) -> the
+    figures of targets ids[lo:hi], float64 [hi - lo, fields]: the NLL alone, or kld.FIELDS."""
+    from .kld import token_stats
+
+    vocab = max(h.weight.shape[0] for h in heads)
+    rows_per_slice = max(1, LOGITS_BUDGET // (vocab * len(heads)))
     targets = torch.from_numpy(np.asarray(ids[lo:hi], dtype=np.int64)).to(device)
     out = []
     for a in range(lo - 1, hi - 1, rows_per_slice):
         b = min(a + rows_per_slice, hi - 1)
-        logits = head(hidden[a:b].to(device, dtype)).float()  # [rows, vocab]
-        logp = torch.log_softmax(logits, dim=-1)
-        out.append(-logp.gather(1, targets[a - lo + 1:b - lo + 1, None])[:, 0])
+        t = targets[a - lo + 1:b - lo + 1]
+        logits = [head(h[a:b].to(device, dtype)).float() for head, h in zip(heads, hidden)]  # [rows, vocab]
+        if len(heads) == 1:
+            out.append(-torch.log_softmax(logits[0], dim=-1).gather(1, t[:, None]))
+        else:
+            out.append(token_stats(logits[0], logits[1], t))
     return torch.cat(out).double().cpu().numpy()
 
 

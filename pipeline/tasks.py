@@ -181,10 +181,14 @@ class PlacedTask(RunTask):
         # a boundary removed once its consumer completed must be recomputed for a new consumer
         return super().complete() and not outputs.read_manifest(self.out_dir()).get("boundary_removed")
 
+    def source_task(self):
+        """The task whose boundary this one consumes."""
+        return self.requires()
+
     def release_input(self) -> None:
         """Remove the boundary this task consumed, now that its own output is complete."""
         if not self.keep_boundaries:
-            outputs.remove_data(self.requires().out_dir(), "boundary.zarr", "boundary_removed")
+            outputs.remove_data(self.source_task().out_dir(), "boundary.zarr", "boundary_removed")
 
     def dtype_name(self, device: str) -> str:
         return compute_dtype_name(self.compute_dtype, device)
@@ -196,11 +200,12 @@ class PlacedTask(RunTask):
         window = next(w for w in self.windows() if w.last == last)
         return self.clone(LayerWindow, first=window.first, last=window.last)
 
-    def input_boundary(self):
-        """The boundary this task reads, checked to be the one its upstream task wrote."""
+    def input_boundary(self, upstream=None):
+        """The boundary this task reads (of `upstream`, by default the one it consumes), checked
+        to be the one that task wrote."""
         from .boundary import ChunkedArray
 
-        upstream = self.requires()
+        upstream = upstream or self.source_task()
         boundary = ChunkedArray.open(upstream.out_dir() / "boundary.zarr")
         if boundary.attrs.get("output") != upstream.out_dir().name:
             raise UserError(f"{boundary.path} was written by another run (output "
@@ -337,44 +342,68 @@ class LayerWindow(PlacedTask):
 
 
 class Score(PlacedTask):
+    """Output norm + LM head over the last boundary: NLL per scored token, and with a KL base
+    the per-token KL-divergence figures against the base's last boundary (kld.py)."""
+    kl_base = luigi.Parameter(default="", description="base model of the KL-divergence (set by PerplexityRun)")
+    base_placement = luigi.Parameter(default="", description="the base model's layer windows")
+
     def requires(self):
+        return [self.source_task()] + ([self.base_task()] if self.kl_base else [])
+
+    def source_task(self):
         return self.boundary_task(self.windows()[-1].last)
+
+    def base_task(self):
+        """The base model's last window, whose boundary stays for every run compared with it."""
+        last = parse_placement(self.base_placement)[-1]
+        return self.clone(LayerWindow, model=self.kl_base, placement=self.base_placement,
+                          first=last.first, last=last.last)
 
     def device(self) -> str:
         return self.windows()[-1].device
 
     def identity(self):
-        return {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device())}
+        identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device())}
+        if self.kl_base:
+            identity["kl_base"] = self.base_task().spec().model_sha256
+        return identity
 
     def execute(self):
         import torch
 
+        from . import kld
         from .arch import load_architecture
-        from .scoring import summarize, window_nll
+        from .scoring import summarize, window_scores
 
         device = resolve_device(self.device())
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
         with self.clock("load"):
-            head = load_architecture(self.spec().gguf).load_head(device, dtype)
+            heads = [load_architecture(self.spec().gguf).load_head(device, dtype)]
+            if self.kl_base:
+                heads.append(load_architecture(self.base_task().spec().gguf).load_head(device, dtype))
         plan, _ = self.plan()
-        source = self.input_boundary()
-        n, ctx, _ = source.array.shape
+        sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
+        n, ctx, _ = sources[0].array.shape
+        fields = kld.FIELDS if self.kl_base else ("nll",)
 
         def compute(i, hidden):
-            # [windows in chunk, ctx] float64: NLL at scored target positions, NaN elsewhere
-            hidden = torch.from_numpy(hidden)
-            nll = np.full((hidden.shape[0], ctx), np.nan)
-            for j, w in enumerate(range(*source.windows(i).indices(n))):
+            # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
+            hidden = [torch.from_numpy(h) for h in hidden]
+            out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
+            for j, w in enumerate(range(*sources[0].windows(i).indices(n))):
                 lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
-                nll[j, lo:hi] = window_nll(head, hidden[j], plan.ids[w], lo, hi, device, dtype)
-            return nll
+                out[j, lo:hi] = window_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
+            return out
 
-        stats = self.fill(work / "nll.zarr", (n, ctx), "float64", source.read_chunk, compute)
-        nll = _read_all(work / "nll.zarr")
-        result = summarize([row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(nll)])
+        stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
+                          lambda i: [s.read_chunk(i) for s in sources], compute)
+        scored = [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(_read_all(work / "tokens.zarr"))]
+        result = summarize([row[:, 0] for row in scored])
+        if self.kl_base:
+            result["kld"] = kld.summarize(np.concatenate(scored))
         outputs.write_json(work / "result.json", result)
-        self.commit(device=device, **stats)
+        self.commit(device=device, fields=list(fields), **stats)
         self.release_input()
 
 
@@ -396,6 +425,8 @@ class PerplexityRun(RunTask):
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
     per_window = luigi.BoolParameter(default=False, description="print per-window NLL and running PPL")
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
+    kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
+                                                      "(alias, GGUF path, or the result JSON of its run)")
 
     def placement(self) -> list:
         from .arch import load_architecture
@@ -410,24 +441,47 @@ class PerplexityRun(RunTask):
         preflight(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
         return windows
 
+    def base_model(self) -> str:
+        """--kl-base as a model: a result JSON names the model of its run."""
+        if self.kl_base.endswith(".json") and Path(self.kl_base).is_file():
+            return json.loads(Path(self.kl_base).read_text())["model"]["path"]
+        return self.kl_base
+
+    def score_task(self):
+        placement = format_placement(self.placement())
+        if not self.kl_base:
+            return self.clone(Score, placement=placement)
+        base = self.clone(PerplexityRun, model=self.base_model(), kl_base="")
+        if base.spec().tokenizer_id != self.spec().tokenizer_id:
+            raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
+                            f"compares distributions over the same vocabulary")
+        return self.clone(Score, placement=placement, kl_base=self.base_model(),
+                          base_placement=format_placement(base.placement()))
+
     def requires(self):
         try:
-            return self.clone(Score, placement=format_placement(self.placement()))
+            return self.score_task()
         except UserError:
             return []  # run() reports it
 
     def complete(self) -> bool:
         return False  # always prints its report, from the cached chain when that is complete
 
-    def run(self):
-        from .report import build_result, print_report
+    def result(self) -> dict:
+        """The result of the completed chain (README: "Options", the JSON keys)."""
+        from .report import build_result
 
         windows = self.placement()
-        score = self.requires()
+        score = self.score_task()
         chain = [score] + _upstream_chain(score)
         dtypes = sorted({score.dtype_name(w.device) for w in windows})
         numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype}
-        result = build_result(self.spec(), windows, score, chain, numerics)
+        return build_result(self.spec(), windows, score, chain, numerics)
+
+    def run(self):
+        from .report import print_report
+
+        result = self.result()
         print_report(result, per_window=self.per_window)
         if self.result_json:
             Path(self.result_json).parent.mkdir(parents=True, exist_ok=True)
@@ -442,7 +496,57 @@ def compute_dtype_name(choice: str, device: str) -> str:
 
 
 def _upstream_chain(task) -> list:
-    chain = []
-    for dep in luigi.task.flatten(task.requires()):
-        chain += [dep] + _upstream_chain(dep)
-    return chain
+    """Every task upstream of `task`, each once (a KL base shares the Tokenize task)."""
+    chain = {}
+    for dep in luigi.task.flatten(task.requires()):  # the run's own chain first, then the base's
+        for t in [dep] + _upstream_chain(dep):
+            chain.setdefault(t.out_dir(), t)
+    return list(chain.values())
+
+
+class Sweep(luigi.Task):
+    """A grid of runs from a sweep file (pipeline/sweep.py); writes CSV, Markdown and plots."""
+    config = luigi.Parameter(description="sweep file, e.g. configs/sweeps/example.toml")
+    run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
+    progress = {"total": 0, "done": 0, "pending": set()}   # runs of the sweep being scheduled
+
+    def runs(self) -> list:
+        from .sweep import grid, load_sweep
+
+        return [PerplexityRun(run_root=self.run_root, **params) for params in grid(load_sweep(self.config))]
+
+    def requires(self):
+        try:
+            scores = [run.score_task() for run in self.runs()]
+        except UserError:
+            return []  # run() reports it
+        pending = {s.out_dir() for s in scores if not s.complete()}
+        Sweep.progress.update(total=len(scores), done=len(scores) - len(pending), pending=pending)
+        log.info(f"Sweep: {len(scores)} runs, {len(scores) - len(pending)} already done")
+        return scores
+
+    def complete(self) -> bool:
+        return False  # always writes its tables, from the cached runs
+
+    def run(self):
+        from .gguf_file import open_gguf
+        from .sweep import load_sweep, table_row, write_plots, write_tables
+
+        out = load_sweep(self.config)["out"]
+        rows = []
+        for run in self.runs():
+            result = run.result()
+            rows.append(table_row(result, open_gguf(result["model"]["path"])))
+        write_tables(rows, out)
+        plots = write_plots(rows, out)
+        print("\n" + (out / "sweep.md").read_text())
+        print(f"{len(rows)} runs: {', '.join(str(p) for p in [out / 'sweep.csv', out / 'sweep.md', *plots])}")
+
+
+@Score.event_handler(luigi.Event.SUCCESS)
+def _count_sweep_run(task) -> None:
+    p = Sweep.progress
+    if task.out_dir() in p["pending"]:
+        p["pending"].discard(task.out_dir())
+        p["done"] += 1
+        log.info(f"Sweep: {p['done']}/{p['total']} runs done")
