@@ -46,6 +46,9 @@ if not log.handlers:
     log.propagate = False
 
 
+BAR = 30  # width of the terminal progress bar
+
+
 class RunTask(luigi.Task):
     """Parameters every task of a run shares: model, corpus and scoring method."""
     model = luigi.Parameter(default="smollm2-135m", description="alias from configs/models.toml or a GGUF path")
@@ -122,7 +125,11 @@ class RunTask(luigi.Task):
         msg = f"{self.label()}: chunk {done}/{total}, {rate:,.0f} tok/s, {left:.0f}s left"
         self.set_status_message(msg)
         self.set_progress_percentage(100 * done // total)
-        log.info(msg)
+        if sys.stderr.isatty():  # one bar per task, redrawn in place
+            bar = "#" * (BAR * done // total) + "-" * (BAR - BAR * done // total)
+            print(f"\r[{bar}] {msg}", end="\n" if done == total else "", file=sys.stderr, flush=True)
+        else:
+            log.info(msg)
 
     def label(self) -> str:
         return self.task_family

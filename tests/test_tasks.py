@@ -64,3 +64,24 @@ def test_a_task_finished_by_another_process_is_not_redone(tmp_path):
     assert (tokenize.out_dir() / "manifest.json").read_text() == manifest
     assert run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2,
                         window_layers=0)["mean_nll"] == first["mean_nll"]
+
+
+def test_long_tasks_report_progress_through_luigi(tmp_path, monkeypatch):
+    from luigi.scheduler import Scheduler
+
+    messages, percents = {}, {}
+    original = Scheduler.set_task_status_message, Scheduler.set_task_progress_percentage
+
+    def status(self, task_id, status_message):
+        messages.setdefault(task_id.split("_")[0], []).append(status_message)
+        return original[0](self, task_id, status_message)
+
+    def percent(self, task_id, progress_percentage):
+        percents.setdefault(task_id.split("_")[0], []).append(progress_percentage)
+        return original[1](self, task_id, progress_percentage)
+    monkeypatch.setattr(Scheduler, "set_task_status_message", status)
+    monkeypatch.setattr(Scheduler, "set_task_progress_percentage", percent)
+    run_pipeline(tmp_path, ctx=64, chunks=4, windows_per_chunk=2, window_layers=15)
+    assert messages["LayerWindow"][0].startswith("LayerWindow [0..15) cpu: chunk 1/2, ")
+    assert "tok/s" in messages["Score"][-1] and messages["Score"][-1].endswith("s left")
+    assert percents["Embed"] == [50, 100] and percents["Score"] == [50, 100] and percents["LayerWindow"] == [50, 100] * 2
