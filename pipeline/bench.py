@@ -5,8 +5,8 @@
 For each model: llama-perplexity, layercycle with the whole trunk in one window, and cycled
 with each window size; tokens/s and wall time of the whole process (model load and
 tokenization included on both sides), the ratio to llama-perplexity, the largest peak RSS of a
-window task and of any task (each task in its own process), bytes per boundary, and where
-layercycle's time went.
+window task and of any task (each task's own peak, measured in the one worker process as a
+user's run has it), bytes per boundary, and where layercycle's time went.
 Each figure is the median of the configured repetitions. Also writes a PNG plot.
 """
 import argparse
@@ -77,7 +77,7 @@ def bench_layercycle(alias: str, model: Path, window: int, cfg: dict) -> Row:
                    "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
                    "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
                    "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
-                   "--result-json", str(root / "result.json"), "--worker-force-multiprocessing"]
+                   "--result-json", str(root / "result.json")]
             start = time.perf_counter()
             done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
             wall = time.perf_counter() - start

@@ -139,10 +139,14 @@ class GGUFIndex:
     def strings(self, key: str) -> list[str]:
         ref = self.metadata[key]
         assert isinstance(ref, StringArray), key
+        m, length = self._map, struct.Struct("<Q").unpack_from   # a tight loop: 150k+ entries
         out, pos = [], ref.offset
         for _ in range(ref.count):
-            s, pos = self._string(pos)
-            out.append(s)
+            (n,) = length(m, pos)
+            out.append(m[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
+            pos += 8 + n
+        if pos > len(m):
+            raise UserError(f"{self.path}: string array {key} runs past the end of the file")
         return out
 
     def fingerprint(self, prefix: str, exclude: tuple[str, ...] = ()) -> str:
@@ -152,6 +156,12 @@ class GGUFIndex:
             start, end = self.spans[key]
             h.update(self._map[start:end])
         return h.hexdigest()
+
+    def release_pages(self) -> None:
+        """Drop the file's pages from this process's resident set once their tensors have been
+        dequantized (they stay in the page cache): RSS then follows the window, not the file."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""

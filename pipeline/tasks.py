@@ -21,7 +21,7 @@ from .paths import RUNS
 from .faults import failpoint
 from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .run_spec import resolve_run
-from .timing import Stopwatch, device_peak_mb, folder_bytes, peak_rss_mb, reset_device_peak
+from .timing import Stopwatch, device_peak_mb, folder_bytes, peak_rss_mb, reset_device_peak, reset_peak_rss
 
 log = logging.getLogger("layercycle")
 
@@ -97,6 +97,7 @@ class RunTask(luigi.Task):
             if self.complete():  # another process finished it while this one was scheduling
                 return
             self.started, self.clock = time.time(), Stopwatch()
+            reset_peak_rss()
             self.execute()
 
     def execute(self) -> None:
@@ -386,9 +387,10 @@ class Score(PlacedTask):
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
         with self.clock("load"):
-            heads = [load_architecture(self.spec().gguf).load_head(device, dtype)]
-            if self.kl_base:
-                heads.append(load_architecture(self.base_task().spec().gguf).load_head(device, dtype))
+            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
+            heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
+            for g in ggufs:
+                g.release_pages()
         plan, _ = self.plan()
         sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
         n, ctx, _ = sources[0].array.shape

@@ -1,5 +1,6 @@
 """Where a task's time goes (weight load, boundary read, compute, write) and its peak memory."""
 import contextlib
+import ctypes
 import resource
 import sys
 import time
@@ -20,9 +21,28 @@ class Stopwatch:
             self.seconds[part] += time.perf_counter() - start
 
 
+STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
+
+
+def reset_peak_rss() -> None:
+    """Hand freed heap back to the system and start a new peak-RSS measurement, so that each
+    task run in one worker process has its own (Linux: malloc_trim, then writing 5 to
+    clear_refs resets VmHWM; elsewhere the peak is the process's)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        CLEAR_REFS.write_text("5")
+    except OSError:
+        pass
+
+
 def peak_rss_mb() -> float:
-    """Peak resident memory of this process (of the task's own process under Luigi's
-    multiprocessing workers)."""
+    """Peak resident memory since the last reset_peak_rss (Linux), else of the whole process."""
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**10
+    except OSError:
+        pass
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB elsewhere
 

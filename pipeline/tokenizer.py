@@ -59,7 +59,7 @@ def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
         tok = _sentencepiece_bpe(tokens, scores, types, add_space)
     else:
         raise UserError(f"tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
-    user_defined = [t for t, ty in zip(tokens, types) if ty == TokenType.USER_DEFINED]
+    user_defined = [tokens[i] for i in np.flatnonzero(types == int(TokenType.USER_DEFINED))]
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
     bos = gguf.metadata.get(Keys.Tokenizer.BOS_ID)
     add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, kind == "llama"))
@@ -81,16 +81,19 @@ def _byte_level_bpe(gguf: GGUFIndex, tokens: list[str]) -> Tokenizer:
 
 def _sentencepiece_bpe(tokens: list[str], scores: np.ndarray, types: np.ndarray, add_space: bool) -> Tokenizer:
     vocab = {t: i for i, t in enumerate(tokens)}
-    mergeable = {t for t, ty in zip(tokens, types) if ty in (TokenType.NORMAL, TokenType.USER_DEFINED)}
+    kinds = np.isin(types, [int(TokenType.NORMAL), int(TokenType.USER_DEFINED)])
+    score_of = scores.tolist()
     ranked = []
-    for piece in mergeable:
+    for i in np.flatnonzero(kinds).tolist():
+        piece = tokens[i]
         for k in range(1, len(piece)):
             left, right = piece[:k], piece[k:]
             if left in vocab and right in vocab:
-                ranked.append((-float(scores[vocab[piece]]), vocab[piece], vocab[left], left, right))
+                ranked.append((-score_of[i], i, vocab[left], left, right))
     ranked.sort()
     merges = [(left, right) for *_, left, right in ranked]
-    unk = next((t for t, ty in zip(tokens, types) if ty == TokenType.UNKNOWN), None)
+    unknown = np.flatnonzero(types == int(TokenType.UNKNOWN))
+    unk = tokens[unknown[0]] if unknown.size else None
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, byte_fallback=True,
                                fuse_unk=True))
     steps = [normalizers.Prepend("▁")] if add_space else []

@@ -16,6 +16,7 @@ class LayerWindow:
             raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
         self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
         self.layers = [arch.load_layer(i, self.device, dtype) for i in range(first, last)]
+        arch.gguf.release_pages()
         self.weight_bytes = sum(layer.nbytes for layer in self.layers)
         self._tables: dict[int, Tables] = {}
 
