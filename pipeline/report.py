@@ -1,15 +1,14 @@
 """The result of a run: a dict with the documented keys, a table on the terminal."""
-import json
 
 from . import outputs
 from .arch import load_architecture
 from .placement import describe
 
 
-def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
-    own = [t for t in chain if t.model == score_task.model]   # without the KL base's own chain
+def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dict) -> dict:
+    """scores: the Score task of each shard; scored: their figures combined (tasks.score_result)."""
+    own = [t for t in chain if t.model == scores[0].model]   # without the KL base's own chain
     tokenize = next(outputs.read_manifest(t.out_dir()) for t in own if t.task_family == "Tokenize")
-    scored = json.loads((score_task.out_dir() / "result.json").read_text())
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
     evaluated = tokenize["n_windows"] * spec.method.ctx
     hp = load_architecture(spec.gguf).hp
@@ -29,10 +28,14 @@ def build_result(spec, windows, score_task, chain, numerics: dict) -> dict:
         "task": spec.eval_task.name, **numerics,
         "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else None,
         "per_window": scored["per_window"],
-        "outputs": {t.task_family + ("" if t.task_family != "LayerWindow" else f"[{t.first}..{t.last})"):
-                    str(t.out_dir()) for t in own},
-        **({"kld": {"base": score_task.kl_base, **scored["kld"]}} if "kld" in scored else {}),
+        "outputs": {_output_name(t): str(t.out_dir()) for t in own},
+        **({"kld": {"base": scores[0].kl_base, **scored["kld"]}} if "kld" in scored else {}),
     }
+
+
+def _output_name(task) -> str:
+    name = task.task_family + (f"[{task.first}..{task.last})" if task.task_family == "LayerWindow" else "")
+    return name + (f" shard {task.shard}" if getattr(task, "shards", 1) > 1 else "")
 
 
 def print_report(r: dict, per_window: bool = False) -> None:

@@ -181,9 +181,29 @@ class PlacedTask(RunTask):
                                           description="auto: float32 on the CPU, bfloat16 on CUDA")
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32",
                                            description="how boundaries are stored on disk")
+    shards = luigi.IntParameter(default=1, description="independent chains the corpus is split into")
+    shard = luigi.IntParameter(default=0, description="which of them this task belongs to")
 
     def windows(self):
         return parse_placement(self.placement)
+
+    def corpus_windows(self, n_windows: int) -> range:
+        """The corpus windows of this task's shard: whole Zarr chunks, so that every batch, and
+        so every number, is the one a single chain computes."""
+        n_chunks = -(-n_windows // self.windows_per_chunk)
+        first, last = (n_chunks * k // self.shards * self.windows_per_chunk for k in (self.shard, self.shard + 1))
+        return range(first, min(last, n_windows))
+
+    def shard_identity(self) -> dict:
+        return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
+
+    def device(self) -> str:
+        return "cpu"
+
+    @property
+    def resources(self) -> dict:
+        """A task placed on CUDA holds one `gpu` of the scheduler's pool (configs/luigid.cfg)."""
+        return {"gpu": 1} if self.device() == "cuda" else {}
 
     def complete(self) -> bool:
         # a boundary removed once its consumer completed must be recomputed for a new consumer
@@ -277,7 +297,7 @@ class Embed(PlacedTask):
         return self.clone(Tokenize)
 
     def identity(self):
-        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype}
+        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype, **self.shard_identity()}
 
     def execute(self):
         import torch
@@ -288,12 +308,14 @@ class Embed(PlacedTask):
         work = self.begin()
         arch = load_architecture(s.gguf)
         plan, _ = self.plan()
-        shape = (plan.n_windows, s.method.ctx, arch.hp.hidden)
+        mine = self.corpus_windows(plan.n_windows)
+        shape = (len(mine), s.method.ctx, arch.hp.hidden)
         self.check_disk(shape)
         per = self.windows_per_chunk
 
         def read(i):  # [windows, ctx] token ids
-            return torch.from_numpy(plan.ids[i * per:(i + 1) * per].astype(np.int64))
+            return torch.from_numpy(plan.ids[mine.start + i * per:min(mine.start + (i + 1) * per, mine.stop)]
+                                    .astype(np.int64))
 
         def compute(i, ids):
             return arch.embed(ids, "cpu", torch.float32).numpy()
@@ -323,7 +345,8 @@ class LayerWindow(PlacedTask):
 
     def identity(self):
         return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
-                "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype}
+                "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
+                **self.shard_identity()}
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
@@ -371,7 +394,8 @@ class Score(PlacedTask):
         return self.windows()[-1].device
 
     def identity(self):
-        identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device())}
+        identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
+                    **self.shard_identity()}
         if self.kl_base:
             identity["kl_base"] = self.base_task().spec().model_sha256
         return identity
@@ -381,7 +405,7 @@ class Score(PlacedTask):
 
         from . import kld
         from .arch import load_architecture
-        from .scoring import summarize, window_scores
+        from .scoring import window_scores
 
         device = resolve_device(self.device())
         dtype = getattr(torch, self.dtype_name(device))
@@ -394,26 +418,42 @@ class Score(PlacedTask):
         plan, _ = self.plan()
         sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
         n, ctx, _ = sources[0].array.shape
+        offset = self.corpus_windows(plan.n_windows).start
         fields = kld.FIELDS if self.kl_base else ("nll",)
 
         def compute(i, hidden):
             # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
             hidden = [torch.from_numpy(h) for h in hidden]
             out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
-            for j, w in enumerate(range(*sources[0].windows(i).indices(n))):
+            for j, local in enumerate(range(*sources[0].windows(i).indices(n))):
+                w = offset + local
                 lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
                 out[j, lo:hi] = window_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
             return out
 
         stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
                           lambda i: [s.read_chunk(i) for s in sources], compute)
-        scored = [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(_read_all(work / "tokens.zarr"))]
-        result = summarize([row[:, 0] for row in scored])
-        if self.kl_base:
-            result["kld"] = kld.summarize(np.concatenate(scored))
-        outputs.write_json(work / "result.json", result)
         self.commit(device=device, fields=list(fields), **stats)
         self.release_input()
+
+    def scored(self) -> list[np.ndarray]:
+        """The completed output: per corpus window of the shard, [scored tokens, fields]."""
+        plan, _ = self.plan()
+        offset = self.corpus_windows(plan.n_windows).start
+        rows = _read_all(self.out_dir() / "tokens.zarr")
+        return [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(rows, start=offset)]
+
+
+def score_result(scores: list) -> dict:
+    """PPL, per-window figures (and KLD) over the shards' Score outputs, in corpus order."""
+    from . import kld
+    from .scoring import summarize
+
+    scored = [rows for s in scores for rows in s.scored()]
+    result = summarize([rows[:, 0] for rows in scored])
+    if scores[0].kl_base:
+        result["kld"] = kld.summarize(np.concatenate(scored))
+    return result
 
 
 def _read_all(path: Path) -> np.ndarray:
@@ -436,6 +476,8 @@ class PerplexityRun(RunTask):
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
     kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
                                                       "(alias, GGUF path, or the result JSON of its run)")
+    shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
+                                                       "(each reads every layer's weights once)")
 
     def placement(self) -> list:
         from .arch import load_architecture
@@ -456,20 +498,22 @@ class PerplexityRun(RunTask):
             return json.loads(Path(self.kl_base).read_text())["model"]["path"]
         return self.kl_base
 
-    def score_task(self):
-        placement = format_placement(self.placement())
-        if not self.kl_base:
-            return self.clone(Score, placement=placement)
-        base = self.clone(PerplexityRun, model=self.base_model(), kl_base="")
-        if base.spec().tokenizer_id != self.spec().tokenizer_id:
-            raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
-                            f"compares distributions over the same vocabulary")
-        return self.clone(Score, placement=placement, kl_base=self.base_model(),
-                          base_placement=format_placement(base.placement()))
+    def score_tasks(self) -> list:
+        """The Score task of each shard (one unless --shards)."""
+        if self.shards < 1:
+            raise UserError(f"--shards must be >= 1, got {self.shards}")
+        params = {"placement": format_placement(self.placement())}
+        if self.kl_base:
+            base = self.clone(PerplexityRun, model=self.base_model(), kl_base="")
+            if base.spec().tokenizer_id != self.spec().tokenizer_id:
+                raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
+                                f"compares distributions over the same vocabulary")
+            params |= {"kl_base": self.base_model(), "base_placement": format_placement(base.placement())}
+        return [self.clone(Score, shard=k, **params) for k in range(self.shards)]
 
     def requires(self):
         try:
-            return self.score_task()
+            return self.score_tasks()
         except UserError:
             return []  # run() reports it
 
@@ -481,11 +525,11 @@ class PerplexityRun(RunTask):
         from .report import build_result
 
         windows = self.placement()
-        score = self.score_task()
-        chain = [score] + _upstream_chain(score)
-        dtypes = sorted({score.dtype_name(w.device) for w in windows})
-        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype}
-        return build_result(self.spec(), windows, score, chain, numerics)
+        scores = self.score_tasks()
+        chain = list({t.out_dir(): t for s in scores for t in [s] + _upstream_chain(s)}.values())
+        dtypes = sorted({scores[0].dtype_name(w.device) for w in windows})
+        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype, "shards": self.shards}
+        return build_result(self.spec(), windows, scores, score_result(scores), chain, numerics)
 
     def run(self):
         from .report import print_report
@@ -526,7 +570,7 @@ class Sweep(luigi.Task):
 
     def requires(self):
         try:
-            scores = [run.score_task() for run in self.runs()]
+            scores = [s for run in self.runs() for s in run.score_tasks()]
         except UserError:
             return []  # run() reports it
         pending = {s.out_dir() for s in scores if not s.complete()}

@@ -58,3 +58,12 @@ def test_float16_boundaries_refused_for_gemma3(tmp_path):
     done = luigi_cli("--model", "gemma3-270m", "--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128",
                      "--chunks", "4", "--boundary-dtype", "float16", run_root=tmp_path)
     assert_one_line_error(done, "beyond float16's range")
+
+
+def test_shards_give_the_numbers_of_one_chain(tmp_path):
+    common = dict(ctx=64, chunks=7, windows_per_chunk=2, window_layers=10)  # 4 Zarr chunks, the last one short
+    one = run_pipeline(tmp_path, **common)
+    three = run_pipeline(tmp_path, shards=3, **common)
+    assert [w["mean_nll"] for w in three["per_window"]] == [w["mean_nll"] for w in one["per_window"]]
+    assert (three["mean_nll"], three["tokens_scored"], three["shards"]) == (one["mean_nll"], one["tokens_scored"], 3)
+    assert len(list((tmp_path / "Embed").iterdir())) == 1 + 3   # each shard is a chain of its own
