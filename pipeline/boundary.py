@@ -101,6 +101,9 @@ class ChunkedArray:
         return True
 
     def read_chunk(self, i: int) -> np.ndarray:
+        if not self.chunk_file(i).is_file():  # Zarr would return its fill value: never compute on it
+            raise UserError(f"chunk {i} of {self.path} is missing; the output was removed or damaged: "
+                            f"delete that task's folder ({self.path.parent}) and rerun to recompute it")
         try:
             return decode(self.array[self.windows(i)], self.dtype)
         except ValueError as e:

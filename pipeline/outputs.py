@@ -46,11 +46,18 @@ def read_manifest(out: Path) -> dict:
     return json.loads((out / MANIFEST).read_text())
 
 
-def remove_data(out: Path, name: str, flag: str) -> None:
-    """Delete `out/name`, recording it in the manifest first so the output reads incomplete."""
-    manifest = read_manifest(out)
-    write_json(out / MANIFEST, {**manifest, flag: True})
-    shutil.rmtree(out / name, ignore_errors=True)
+def remove_data(out: Path, name: str, flag: str) -> bool:
+    """Delete `out/name`, recording it in the manifest first so the output reads incomplete;
+    unless a task (of any process) is reading it: then it stays."""
+    with open(_lock_path(out, "readers"), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        manifest = read_manifest(out)
+        write_json(out / MANIFEST, {**manifest, flag: True})
+        shutil.rmtree(out / name, ignore_errors=True)
+        return True
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -72,9 +79,10 @@ def free_bytes(root: Path) -> int:
 
 
 @contextlib.contextmanager
-def locked(out: Path, what: str):
-    """Hold a lock on `out` while the task runs; a second process gets a clear error."""
-    lock_path = out.parent.parent / ".locks" / f"{out.parent.name}.{out.name}.lock"
+def locked(out: Path, what: str, wait: bool = False):
+    """Hold a lock on `out` while the task runs. A second process gets a clear error, or with
+    `wait` (workers of one central scheduler, which may hold two tasks with one output) waits."""
+    lock_path = _lock_path(out)
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(lock_path, "a")
@@ -82,11 +90,26 @@ def locked(out: Path, what: str):
         raise UserError(f"cannot write under {out.parent}: {e.strerror}") from None
     with handle:
         try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise UserError(f"{what} is already running in another process (it holds {lock_path}); "
                             f"wait for it, or stop it and rerun") from None
         yield
+
+
+@contextlib.contextmanager
+def reading(out: Path):
+    """A shared lock on `out` while a consumer reads it: its data is not removed meanwhile."""
+    lock_path = _lock_path(out, "readers")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield
+
+
+def _lock_path(out: Path, kind: str = "lock") -> Path:
+    """`lock`: held by the task producing `out`; `readers`: shared by tasks reading it."""
+    return out.parent.parent / ".locks" / f"{out.parent.name}.{out.name}.{kind}"
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ Tasks are thin: parameters, `requires`, `output`, `run`; the work lives in the m
 call. Each output folder is named by a hash of everything that changes its numbers plus the
 hashes of its upstream outputs, so a changed option can never reuse a stale result.
 """
+import contextlib
 import hashlib
 import json
 import logging
@@ -93,12 +94,36 @@ class RunTask(luigi.Task):
             return False
 
     def run(self):
-        with outputs.locked(self.out_dir(), self.task_family), outputs.disk_errors(self.run_root):
-            if self.complete():  # another process finished it while this one was scheduling
-                return
-            self.started, self.clock = time.time(), Stopwatch()
-            reset_peak_rss()
-            self.execute()
+        # An input that another consumer removed after this task was scheduled is recomputed
+        # first: Luigi runs what run() yields, then resumes it (luigi.cfg turns off Luigi's own
+        # check, which would fail the task instead). Inputs are read under a shared lock, so
+        # they are not removed while this task reads them.
+        inputs = self.inputs_read()
+        while True:
+            missing = [t for t in inputs if not t.complete()]
+            if missing:
+                yield missing
+            with contextlib.ExitStack() as reading:
+                for t in inputs:
+                    reading.enter_context(outputs.reading(t.out_dir()))
+                if any(not t.complete() for t in inputs):
+                    continue  # removed between the check and the lock: again
+                shared = not luigi.interface.core().local_scheduler  # several workers, one luigid
+                with outputs.locked(self.out_dir(), self.task_family, wait=shared), \
+                        outputs.disk_errors(self.run_root):
+                    if not self.complete():  # else another process finished it meanwhile
+                        self.started, self.clock = time.time(), Stopwatch()
+                        reset_peak_rss()
+                        self.execute()
+            break
+        self.release_input()
+
+    def inputs_read(self) -> list:
+        """Upstream outputs whose data this task reads while it runs."""
+        return []
+
+    def release_input(self) -> None:
+        """What a task does once its output is complete (PlacedTask: free the consumed boundary)."""
 
     def execute(self) -> None:
         raise NotImplementedError
@@ -213,10 +238,15 @@ class PlacedTask(RunTask):
         """The task whose boundary this one consumes."""
         return self.requires()
 
+    def inputs_read(self) -> list:
+        return [t for t in luigi.task.flatten(self.requires()) if isinstance(t, PlacedTask)]
+
     def release_input(self) -> None:
-        """Remove the boundary this task consumed, now that its own output is complete."""
-        if not self.keep_boundaries:
-            outputs.remove_data(self.source_task().out_dir(), "boundary.zarr", "boundary_removed")
+        """Remove the boundary this task consumed, now that its own output is complete; it stays
+        while another consumer (of any process) reads it, and a later one recomputes it."""
+        source = self.source_task()
+        if isinstance(source, PlacedTask) and not self.keep_boundaries:
+            outputs.remove_data(source.out_dir(), "boundary.zarr", "boundary_removed")
 
     def dtype_name(self, device: str) -> str:
         return compute_dtype_name(self.compute_dtype, device)
@@ -369,7 +399,6 @@ class LayerWindow(PlacedTask):
         peak = device_peak_mb(device)
         executor.release()
         self.commit(device=device, weight_bytes=executor.weight_bytes, device_peak_mb=peak, **stats)
-        self.release_input()
 
 
 class Score(PlacedTask):
@@ -434,7 +463,6 @@ class Score(PlacedTask):
         stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
                           lambda i: [s.read_chunk(i) for s in sources], compute)
         self.commit(device=device, fields=list(fields), **stats)
-        self.release_input()
 
     def scored(self) -> list[np.ndarray]:
         """The completed output: per corpus window of the shard, [scored tokens, fields]."""

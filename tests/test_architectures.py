@@ -144,3 +144,15 @@ def test_a_window_holds_only_its_layers_weights(tiny_model, tmp_path):
     assert LayerWindow(arch, 1, 3, "cpu", torch.float32).weight_bytes == layer_bytes(1) + layer_bytes(2)
     r = run_pipeline(tmp_path, model=str(path), ctx=64, chunks=2, window_layers=2)
     assert r["largest_window"] == {"first": 0, "last": 2, "weight_bytes": layer_bytes(0) + layer_bytes(1)}
+
+
+@pytest.mark.parametrize("name", ARCHS)
+def test_bfloat16_compute_stays_close_to_float32(name, tiny_model):
+    # routers, norms and recurrent scans stay in float32: only the matrix products round
+    _, path = tiny_model(name)
+    ids = random_ids()
+    exact, rounded = forward(path, ids), forward(path, ids, torch.bfloat16)
+    nll = [torch.nn.functional.cross_entropy(x[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item()
+           for x in (exact, rounded)]
+    assert torch.isfinite(rounded).all()
+    assert nll[1] == pytest.approx(nll[0], rel=0.02)

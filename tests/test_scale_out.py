@@ -31,6 +31,7 @@ def free_port() -> int:
 @pytest.fixture
 def luigid(tmp_path):
     port = free_port()
+    (tmp_path / "luigid").mkdir()
     proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "luigid"), "--port", str(port),
                              "--address", "127.0.0.1", "--logdir", str(tmp_path / "luigid"),
                              "--state-path", str(tmp_path / "luigid" / "state.pickle")],
