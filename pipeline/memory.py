@@ -83,3 +83,20 @@ def preflight(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, 
         per_layer = [layer_weight_bytes(gguf, i, sizes[device]) for i in range(n_layers)]
         check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names,
                           {device: available_bytes(device)})
+    last = windows[-1].device
+    check_head_fits(gguf, last, dtype_names[last], sizes[last], available_bytes(last))
+
+
+def check_head_fits(gguf: GGUFIndex, device: str, dtype_name: str, element_size: int, available: int) -> None:
+    """The Score task holds the dequantized LM head and a slice of float32 logits (and their
+    log-softmax) on the last window's device."""
+    from .scoring import LOGITS_BUDGET
+
+    name = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
+    weights = element_size * int(np.prod(gguf.tensors[name].shape))
+    need = RUNTIME_BYTES + weights + 2 * 4 * LOGITS_BUDGET
+    if need > available:
+        advice = "; --compute-dtype bfloat16 halves it" if element_size == 4 else ""
+        raise UserError(f"the LM head ({name}) on {device} needs about {need / GiB:.1f} GiB "
+                        f"({weights / GiB:.1f} GiB of {dtype_name} weights) but {available / GiB:.1f} GiB "
+                        f"are available{advice}")

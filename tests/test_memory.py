@@ -34,9 +34,21 @@ def test_whole_trunk_refused_before_it_starts_and_the_advice_runs(monkeypatch, t
     n_head = load_architecture(s.gguf).hp.n_head
     fixed = memory.RUNTIME_BYTES + memory.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
     monkeypatch.setattr(memory, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
+    monkeypatch.setattr(memory, "check_head_fits", lambda *args: None)  # the head has its own test
     with pytest.raises(UserError, match="--window-layers") as refused:
         run.placement()
     advised = int(re.search(r"--window-layers (\d+) fits", str(refused.value)).group(1))
     assert 0 < advised < len(per_layer)
     assert PerplexityRun(model="smollm2-135m", window_layers=advised, run_root=str(tmp_path)).placement()
     assert not list(tmp_path.iterdir())                           # refused before any task ran
+
+
+def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
+    from pipeline.gguf_file import GGUFIndex
+
+    gguf = GGUFIndex(model_path("gemma3-270m"))  # tied head: token_embd, 262144 x 640
+    head = 4 * 262144 * 640
+    memory.check_head_fits(gguf, "cpu", "float32", 4, memory.RUNTIME_BYTES + head + 2 ** 30)
+    with pytest.raises(UserError, match=r"the LM head \(token_embd.weight\) on cpu needs about 1\.6 GiB "
+                                        r"\(0\.6 GiB of float32 weights\) .* --compute-dtype bfloat16 halves it"):
+        memory.check_head_fits(gguf, "cpu", "float32", 4, head)
