@@ -106,17 +106,19 @@ class RunTask(luigi.Task):
             with contextlib.ExitStack() as reading:
                 for t in inputs:
                     reading.enter_context(outputs.reading(t.out_dir()))
-                if any(not t.complete() for t in inputs):
-                    continue  # removed between the check and the lock: again
-                shared = not luigi.interface.core().local_scheduler  # several workers, one luigid
-                with outputs.locked(self.out_dir(), self.task_family, wait=shared), \
-                        outputs.disk_errors(self.run_root):
-                    if not self.complete():  # else another process finished it meanwhile
-                        self.started, self.clock = time.time(), Stopwatch()
-                        reset_peak_rss()
-                        self.execute()
-            break
+                if all(t.complete() for t in inputs):  # else removed between the check and the lock
+                    self.execute_once()
+                    break
         self.release_input()
+
+    def execute_once(self) -> None:
+        """execute() under this output's lock, unless another process finished it meanwhile."""
+        shared = not luigi.interface.core().local_scheduler  # several workers, one luigid
+        with outputs.locked(self.out_dir(), self.task_family, wait=shared), outputs.disk_errors(self.run_root):
+            if not self.complete():
+                self.started, self.clock = time.time(), Stopwatch()
+                reset_peak_rss()
+                self.execute()
 
     def inputs_read(self) -> list:
         """Upstream outputs whose data this task reads while it runs."""
@@ -507,7 +509,8 @@ class PerplexityRun(RunTask):
     shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
                                                        "(each reads every layer's weights once)")
 
-    def placement(self) -> list:
+    def placement(self, check_memory: bool = True) -> list:
+        """The layer windows; before a pass (not when reporting one) checked against memory."""
         from .arch import load_architecture
         from .memory import preflight
 
@@ -516,8 +519,9 @@ class PerplexityRun(RunTask):
         windows = plan_placement(hp.n_layers, self.window_layers, self.gpu_layers, self.first_layer,
                                  resolve_device(self.device))
         check_tiling(windows, hp.n_layers)
-        dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
-        preflight(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
+        if check_memory:
+            dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
+            preflight(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
         return windows
 
     def base_model(self) -> str:
@@ -526,17 +530,17 @@ class PerplexityRun(RunTask):
             return json.loads(Path(self.kl_base).read_text())["model"]["path"]
         return self.kl_base
 
-    def score_tasks(self) -> list:
+    def score_tasks(self, check_memory: bool = True) -> list:
         """The Score task of each shard (one unless --shards)."""
         if self.shards < 1:
             raise UserError(f"--shards must be >= 1, got {self.shards}")
-        params = {"placement": format_placement(self.placement())}
+        params = {"placement": format_placement(self.placement(check_memory))}
         if self.kl_base:
             base = self.clone(PerplexityRun, model=self.base_model(), kl_base="")
             if base.spec().tokenizer_id != self.spec().tokenizer_id:
                 raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
                                 f"compares distributions over the same vocabulary")
-            params |= {"kl_base": self.base_model(), "base_placement": format_placement(base.placement())}
+            params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory))}
         return [self.clone(Score, shard=k, **params) for k in range(self.shards)]
 
     def requires(self):
@@ -552,9 +556,9 @@ class PerplexityRun(RunTask):
         """The result of the completed chain (README: "Options", the JSON keys)."""
         from .report import build_result
 
-        windows = self.placement()
-        scores = self.score_tasks()
-        chain = list({t.out_dir(): t for s in scores for t in [s] + _upstream_chain(s)}.values())
+        scores = self.score_tasks(check_memory=False)
+        windows = scores[0].windows()
+        chain = _chain(scores)
         dtypes = sorted({scores[0].dtype_name(w.device) for w in windows})
         numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype, "shards": self.shards}
         return build_result(self.spec(), windows, scores, score_result(scores), chain, numerics)
@@ -576,11 +580,12 @@ def compute_dtype_name(choice: str, device: str) -> str:
     return "float32" if device == "cpu" else "bfloat16"
 
 
-def _upstream_chain(task) -> list:
-    """Every task upstream of `task`, each once (a KL base shares the Tokenize task)."""
+def _chain(tasks: list) -> list:
+    """The tasks and every task upstream of them, each output once, as first met: a run's own
+    chain before its KL base's, which shares the Tokenize task."""
     chain = {}
-    for dep in luigi.task.flatten(task.requires()):  # the run's own chain first, then the base's
-        for t in [dep] + _upstream_chain(dep):
+    for task in tasks:
+        for t in [task] + _chain(luigi.task.flatten(task.requires())):
             chain.setdefault(t.out_dir(), t)
     return list(chain.values())
 

@@ -55,6 +55,13 @@ class Tables:
         return self._mask[window]
 
 
+def read_tensor(gguf: GGUFIndex, name: str, device, dtype) -> torch.Tensor:
+    """A tensor of the file, dequantized on `device` and cast to `dtype`."""
+    if name not in gguf.tensors:
+        raise UserError(f"{gguf.path}: missing tensor {name}")
+    return dequantize(gguf.raw(name), gguf.tensors[name].qtype, device, name).to(dtype)
+
+
 class BlockTensors:
     """The tensors of block `i`, dequantized on request; counts the bytes it holds."""
 
@@ -72,13 +79,10 @@ class BlockTensors:
     def __call__(self, kind: MODEL_TENSOR, suffix: str | None = "weight", required: bool = True,
                  dtype: torch.dtype | None = None) -> torch.Tensor | None:
         name = self.name(kind, suffix)
-        if name not in self.gguf.tensors:
-            if required:
-                raise UserError(f"{self.gguf.path}: missing tensor {name}")
+        if name not in self.gguf.tensors and not required:
             return None
+        t = read_tensor(self.gguf, name, self.device, dtype or self.dtype)
         self.read.add(name)
-        t = dequantize(self.gguf.raw(name), self.gguf.tensors[name].qtype, self.device, name)
-        t = t.to(dtype or self.dtype)
         self.nbytes += t.numel() * t.element_size()
         return t
 
@@ -166,7 +170,7 @@ class DecoderArch:
         factors = None
         name = TENSOR_NAMES[T.ROPE_FREQS] + ".weight"
         if name in self.gguf.tensors:
-            factors = tuple(self.tensor(name, "cpu", torch.float32).tolist())
+            factors = tuple(read_tensor(self.gguf, name, "cpu", torch.float32).tolist())
         scale = 1.0
         if self.key(Keys.Rope.SCALING_TYPE, "none") == "linear":
             scale = float(self.key(Keys.Rope.SCALING_FACTOR, 1.0))
@@ -178,12 +182,6 @@ class DecoderArch:
         return None
 
     # -- layers ----------------------------------------------------------------------------
-    def tensor(self, name: str, device, dtype) -> torch.Tensor:
-        if name not in self.gguf.tensors:
-            raise UserError(f"{self.gguf.path}: missing tensor {name}")
-        info = self.gguf.tensors[name]
-        return dequantize(self.gguf.raw(name), info.qtype, device, name).to(dtype)
-
     def load_layer(self, i: int, device, dtype) -> DecoderLayer:
         t = BlockTensors(self.gguf, i, device, dtype)
         steps = self.layer_steps(i, t)
@@ -214,10 +212,14 @@ class DecoderArch:
         return MLP(t(T.FFN_UP), t(T.FFN_DOWN), t(T.FFN_GATE, required=False), self.activation,
                    t(T.FFN_UP, "bias", required=False), t(T.FFN_DOWN, "bias", required=False))
 
-    def routing(self, i: int) -> Routing:
+    def normalizes_expert_weights(self) -> bool:
         """Softmax families renormalise their top-k weights whatever the file says."""
+        return True
+
+    def routing(self, i: int) -> Routing:
         return Routing(n_used=int(self.layer_key(Keys.LLM.EXPERT_USED_COUNT, i)), gating=self.expert_gating,
-                       normalize=True, scale=float(self.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0)
+                       normalize=self.normalizes_expert_weights(),
+                       scale=float(self.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0)
 
     def moe(self, i: int, t: BlockTensors) -> MoE:
         shared = None
@@ -247,8 +249,8 @@ class DecoderArch:
         out = TENSOR_NAMES[T.OUTPUT] + ".weight"
         if out not in self.gguf.tensors:  # tied embeddings
             out = TENSOR_NAMES[T.TOKEN_EMBD] + ".weight"
-        norm = self.tensor(TENSOR_NAMES[T.OUTPUT_NORM] + ".weight", device, dtype)
-        return Head(norm, self.tensor(out, device, dtype), self.hp.eps)
+        norm = read_tensor(self.gguf, TENSOR_NAMES[T.OUTPUT_NORM] + ".weight", device, dtype)
+        return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps)
 
 
 class Head(nn.Module):

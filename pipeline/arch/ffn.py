@@ -15,6 +15,14 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x).square()
 
 
+def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
+                 up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """down(act(gate x) * up x), or down(act(up x)) where there is no gate."""
+    u = F.linear(x, up, up_bias)
+    h = act(u) if gate is None else act(F.linear(x, gate)) * u
+    return F.linear(h, down, down_bias)
+
+
 class MLP(nn.Module):
     """down(act(gate x) * up x), or down(act(up x)) where there is no gate."""
 
@@ -25,9 +33,7 @@ class MLP(nn.Module):
         self.up_bias, self.down_bias = up_bias, down_bias
 
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
-        up = F.linear(x, self.up, self.up_bias)
-        h = self.act(up) if self.gate is None else self.act(F.linear(x, self.gate)) * up
-        return F.linear(h, self.down, self.down_bias)
+        return feed_forward(x, self.up, self.down, self.gate, self.act, self.up_bias, self.down_bias)
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,7 @@ class MoE(nn.Module):
         for e in torch.unique(experts).tolist():
             token, slot = (experts == e).nonzero(as_tuple=True)               # [n_e], [n_e]
             gate = None if self.gate is None else self.gate[e]
-            y = MLP(self.up[e], self.down[e], gate, self.act)(flat[token])    # [n_e, hidden]
+            y = feed_forward(flat[token], self.up[e], self.down[e], gate, self.act)  # [n_e, hidden]
             out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
         if self.shared is not None:
             s = self.shared(flat)

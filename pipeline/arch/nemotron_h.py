@@ -5,7 +5,7 @@ experts with a selection bias and a shared expert (nemotron_h_moe)."""
 from gguf import MODEL_TENSOR as T, Keys
 
 from .base import BlockTensors, DecoderArch, Residual
-from .ffn import Routing, relu2
+from .ffn import relu2
 from .ssm import Mamba2
 
 
@@ -39,7 +39,5 @@ class NemotronH(DecoderArch):
         return Mamba2(w, n_head=int(self.key(Keys.SSM.TIME_STEP_RANK)), n_group=int(self.key(Keys.SSM.GROUP_COUNT)),
                       d_state=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps)
 
-    def routing(self, i: int) -> Routing:
-        return Routing(n_used=int(self.layer_key(Keys.LLM.EXPERT_USED_COUNT, i)), gating=self.expert_gating,
-                       normalize=bool(self.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False)),
-                       scale=float(self.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0)
+    def normalizes_expert_weights(self) -> bool:
+        return bool(self.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False))
