@@ -47,7 +47,7 @@ def decode(stored: np.ndarray, dtype: str) -> np.ndarray:
 
 class ChunkedArray:
     def __init__(self, path: Path, array: zarr.Array):
-        self.path, self.array = Path(path), array
+        self.path, self.array = path, array  # a local Path or an object store's UPath
         self.per_chunk = array.chunks[0]
 
     @classmethod
@@ -60,7 +60,7 @@ class ChunkedArray:
 
     @classmethod
     def open(cls, path: Path) -> "ChunkedArray":
-        if not (Path(path) / "zarr.json").is_file():
+        if not (path / "zarr.json").is_file():
             raise UserError(f"{path} is missing: its task output is incomplete or was removed")
         return cls(path, zarr.open_array(str(path), mode="r"))
 
@@ -68,7 +68,7 @@ class ChunkedArray:
     def open_for_update(cls, path: Path) -> "ChunkedArray":
         """Reopen an array left by an interrupted task, dropping half-written chunk files
         (Zarr writes `<key>.<uuid>.partial` and renames it into place)."""
-        for leftover in Path(path).rglob("*.partial"):
+        for leftover in path.rglob("*.partial"):
             leftover.unlink()
         return cls(path, zarr.open_array(str(path), mode="r+"))
 

@@ -18,7 +18,7 @@ from gguf import Keys
 
 from . import outputs
 from .errors import UserError
-from .paths import RUNS
+from .paths import RUNS, location
 from .faults import failpoint
 from .placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from .run_spec import resolve_run
@@ -50,6 +50,16 @@ if not log.handlers:
 BAR = 30  # width of the terminal progress bar
 
 
+class CompleteOutput(luigi.Target):
+    """A task's output folder, which exists for Luigi once its manifest is written."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def exists(self) -> bool:
+        return outputs.is_complete(self.path)
+
+
 class RunTask(luigi.Task):
     """Parameters every task of a run shares: model, corpus and scoring method."""
     model = luigi.Parameter(default="smollm2-135m", description="alias from configs/models.toml or a GGUF path")
@@ -71,6 +81,20 @@ class RunTask(luigi.Task):
         return resolve_run(self.model, self.task, self.corpus, self.tokens_file, self.method, self.ctx,
                            self.stride, self.unscored_prefix, self.chunks, self.bos)
 
+
+class OutputTask(RunTask):
+    """A task that computes an output folder. Its Luigi task id is the folder's name, so the
+    tasks of several runs that compute one output (the Embed of a cycled and of a whole-trunk
+    run) are one task to the scheduler, run once by one worker."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        try:
+            self.task_id = f"{self.task_family}_{self.out_dir().name}"
+        except UserError:
+            return  # an option that cannot be resolved is reported by run(), in one line
+        self._Task__hash = hash(self.task_id)  # luigi.Task hashes its task id once, in __init__
+
     # -- identity and output ---------------------------------------------------------------
     def identity(self) -> dict:
         """What changes this task's numbers, besides its upstream outputs."""
@@ -81,10 +105,10 @@ class RunTask(luigi.Task):
         blob = json.dumps({"task": self.task_family, "identity": self.identity(), "upstream": upstream},
                           sort_keys=True)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        return Path(self.run_root) / self.task_family / digest
+        return location(self.run_root) / self.task_family / digest
 
     def output(self):
-        return luigi.LocalTarget(str(self.out_dir() / outputs.MANIFEST))
+        return CompleteOutput(self.out_dir())
 
     def complete(self) -> bool:
         # an option that cannot be resolved is reported by run(), in one line, not here
@@ -105,7 +129,7 @@ class RunTask(luigi.Task):
                 yield missing
             with contextlib.ExitStack() as reading:
                 for t in inputs:
-                    reading.enter_context(outputs.reading(t.out_dir()))
+                    reading.enter_context(outputs.reading(t.out_dir(), reader=self.out_dir().name))
                 if all(t.complete() for t in inputs):  # else removed between the check and the lock
                     self.execute_once()
                     break
@@ -163,7 +187,7 @@ class RunTask(luigi.Task):
         return self.task_family
 
 
-class Tokenize(RunTask):
+class Tokenize(OutputTask):
     def requires(self):
         return []
 
@@ -201,7 +225,7 @@ class Tokenize(RunTask):
                     available_windows=plan.available, tokens_scored=plan.tokens_scored)
 
 
-class PlacedTask(RunTask):
+class PlacedTask(OutputTask):
     """A task that belongs to one layer placement."""
     placement = luigi.Parameter(description="layer windows, e.g. cpu:0:4,cpu:4:8 (set by PerplexityRun)")
     compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto",
@@ -359,8 +383,8 @@ class Embed(PlacedTask):
         alive = len(self.windows()) + 1 if self.keep_boundaries else 2
         width = 4 if self.boundary_dtype == "float32" else 2
         need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1]
-        free = outputs.free_bytes(Path(self.run_root))
-        if need > free:
+        free = outputs.free_bytes(location(self.run_root))
+        if free is not None and need > free:
             raise UserError(f"the pass needs about {need / 2**30:.2f} GiB under {self.run_root} "
                             f"({alive} boundaries of {shape}) but {free / 2**30:.2f} GiB are free")
 
@@ -569,8 +593,9 @@ class PerplexityRun(RunTask):
         result = self.result()
         print_report(result, per_window=self.per_window)
         if self.result_json:
-            Path(self.result_json).parent.mkdir(parents=True, exist_ok=True)
-            outputs.write_json(Path(self.result_json), result)
+            path = location(self.result_json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            outputs.write_json(path, result)
 
 
 def compute_dtype_name(choice: str, device: str) -> str:

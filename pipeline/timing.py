@@ -7,6 +7,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import fsspec
+
 
 class Stopwatch:
     def __init__(self):
@@ -63,5 +65,7 @@ def device_peak_mb(device: str) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**20
 
 
-def folder_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+def folder_bytes(path) -> int:
+    """Bytes stored under a folder, local or on an object store."""
+    fs, where = fsspec.core.url_to_fs(str(path))
+    return fs.du(where)
