@@ -4,7 +4,7 @@ summary of it.
 Nothing of the base's vocabulary-sized distribution is stored: the base run keeps its final
 boundary (the hidden state before the output norm, `hidden` values per token), and the
 compared run recomputes the base's log-probabilities from it with the base's own head, one
-slice of rows at a time. With float32 boundaries that is the base distribution exactly, at
+vocabulary slice at a time. With float32 boundaries that is the base distribution exactly, at
 4 x hidden bytes per token (2.3 KB for SmolLM2, where llama.cpp's base file holds 2 x vocab
 = 98 KB, floored to 16 bits).
 """
@@ -13,18 +13,29 @@ import math
 import numpy as np
 import torch
 
+from . import scoring
+
 # per-token quantities, in this order, along the last axis of the Score task's token array
 FIELDS = ("nll", "nll_base", "kld", "same_top", "delta_p")
 
 
 @torch.inference_mode()
-def token_stats(logits: torch.Tensor, base_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """logits, base_logits [rows, vocab]; targets [rows] -> [rows, len(FIELDS)] float64."""
-    logp, base = torch.log_softmax(logits.float(), -1), torch.log_softmax(base_logits.float(), -1)
-    kld = (base.exp() * (base - logp)).sum(-1).clamp_min(0)          # KL(base || model) per row
-    lq, lb = logp.gather(1, targets[:, None])[:, 0], base.gather(1, targets[:, None])[:, 0]
-    same = (logp.argmax(-1) == base.argmax(-1)).float()
-    return torch.stack([-lq, -lb, kld, same, lq.exp() - lb.exp()], -1).double()
+def token_stats(heads: list, rows: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+    """The model's and the base's heads and hidden rows [R, hidden], targets [R] ->
+    [R, len(FIELDS)] float64, accumulated in float64 one vocabulary slice at a time:
+    KL(base || model) = sum_v p_base (y - z) - lse(y) + lse(z), z and y the two models' logits."""
+    model, base = (scoring.StreamingSoftmax(targets, torch.float64) for _ in range(2))
+    cross = torch.zeros(targets.shape[0], dtype=torch.float64, device=targets.device)
+    slices = zip(*(head.logit_slices(x, scoring.VOCAB_SLICE) for head, x in zip(heads, rows)), strict=True)
+    for (start, z), (_, y) in slices:                      # [R, S] logits of ids [start, start + S)
+        z, y = z.double(), y.double()
+        model.add(start, z)
+        rescale, weights = base.add(start, y)              # weights: exp(y - running max)
+        cross = cross * rescale + (weights * (y - z)).sum(-1)
+    kld = (cross / base.sum - base.lse() + model.lse()).clamp_min(0)
+    lq, lb = model.logprob(), base.logprob()
+    same = (model.argmax == base.argmax).double()
+    return torch.stack([-lq, -lb, kld, same, lq.exp() - lb.exp()], -1)
 
 
 def summarize(stats: np.ndarray) -> dict:

@@ -88,13 +88,13 @@ def preflight(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, 
 
 
 def check_head_fits(gguf: GGUFIndex, device: str, dtype_name: str, element_size: int, available: int) -> None:
-    """The Score task holds the dequantized LM head and a slice of float32 logits (and their
-    log-softmax) on the last window's device."""
-    from .scoring import LOGITS_BUDGET
+    """The Score task holds the dequantized LM head and a block of logits (rows x a slice of
+    the vocabulary) with their temporaries on the last window's device."""
+    from .scoring import SCRATCH_BYTES
 
     name = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
     weights = element_size * int(np.prod(gguf.tensors[name].shape))
-    need = RUNTIME_BYTES + weights + 2 * 4 * LOGITS_BUDGET
+    need = RUNTIME_BYTES + weights + SCRATCH_BYTES
     if need > available:
         advice = "; --compute-dtype bfloat16 halves it" if element_size == 4 else ""
         raise UserError(f"the LM head ({name}) on {device} needs about {need / GiB:.1f} GiB "

@@ -15,7 +15,7 @@ def location(url: str) -> UPath:
     """A run root given as a local path or any fsspec URL (`s3://bucket/prefix`, ...). A local
     one (`file://` included) is a `pathlib.Path`; anything else is an object store's path."""
     path = UPath(url)
-    if path.protocol in ("file", "local"):
+    if path.protocol in ("", "file", "local"):
         return UPath(path.path)
     # no cached listings: other processes' outputs, locks and reader markers must be seen at once
     return UPath(url, use_listings_cache=False)

@@ -1,13 +1,61 @@
 """LM head + log-softmax NLL over the scored positions, and the llama-perplexity statistics.
 
-Log-probabilities are computed in float32 (as llama.cpp does) and summed in float64.
+The head is applied one slice of the vocabulary at a time (a 262k-entry vocabulary never
+materialises all its logits): the log-sum-exp, the argmax and the target's logit of each row
+are accumulated slice by slice. Log-probabilities are float32 (as llama.cpp's); NLLs are summed
+in float64.
 """
 import math
 
 import numpy as np
 import torch
 
-LOGITS_BUDGET = 1 << 26  # float32 logits materialised at once (256 MiB)
+VOCAB_SLICE = 1 << 14        # vocabulary entries whose logits are computed at once
+LOGITS_BUDGET = 1 << 22      # logits per model at once (rows x VOCAB_SLICE; 16 MiB of float32)
+SCRATCH_BYTES = 64 * LOGITS_BUDGET  # bound on their temporaries (a KL comparison's are float64)
+
+
+class StreamingSoftmax:
+    """What log_softmax over a row of logits gives at the row's target, its log-sum-exp and
+    argmax, from the row's logits seen one vocabulary slice at a time."""
+
+    def __init__(self, targets: torch.Tensor, dtype: torch.dtype):
+        # targets [rows] ids; dtype of the accumulators
+        rows, device = targets.shape[0], targets.device
+        self.targets = targets
+        self.max = torch.full((rows,), -math.inf, dtype=dtype, device=device)
+        self.sum = torch.zeros(rows, dtype=dtype, device=device)       # sum exp(logit - max)
+        self.argmax = torch.zeros(rows, dtype=torch.long, device=device)
+        self.target = torch.zeros(rows, dtype=dtype, device=device)    # the target's logit
+
+    def add(self, start: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [rows, S] of vocabulary ids [start, start + S); returns the factor [rows] by
+        which sums of exp(logit - max) taken so far are rescaled, and exp(logits - max) [rows, S]."""
+        top, where = logits.max(-1)
+        new_max = torch.maximum(self.max, top)
+        rescale = torch.exp(self.max - new_max)                          # 0 on the first slice
+        weights = torch.exp(logits - new_max[:, None])
+        self.sum = self.sum * rescale + weights.sum(-1)
+        self.argmax = torch.where(top > self.max, where + start, self.argmax)  # first maximum wins
+        self.max = new_max
+        hit = (self.targets >= start) & (self.targets < start + logits.shape[1])
+        self.target[hit] = logits[hit, self.targets[hit] - start]
+        return rescale, weights
+
+    def lse(self) -> torch.Tensor:
+        return self.max + torch.log(self.sum)
+
+    def logprob(self) -> torch.Tensor:
+        """log p(target) [rows]."""
+        return self.target - self.lse()
+
+
+def token_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """hidden rows [R, hidden], targets [R] -> NLL [R] (float32)."""
+    stream = StreamingSoftmax(targets, torch.float32)
+    for start, logits in head.logit_slices(rows, VOCAB_SLICE):
+        stream.add(start, logits)
+    return -stream.logprob()
 
 
 @torch.inference_mode()
@@ -17,18 +65,17 @@ def window_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: 
     figures of targets ids[lo:hi], float64 [hi - lo, fields]: the NLL alone, or kld.FIELDS."""
     from .kld import token_stats
 
-    vocab = max(h.weight.shape[0] for h in heads)
-    rows_per_slice = max(1, LOGITS_BUDGET // (vocab * len(heads)))
+    rows_per_block = max(1, LOGITS_BUDGET // VOCAB_SLICE)
     targets = torch.from_numpy(np.asarray(ids[lo:hi], dtype=np.int64)).to(device)
     out = []
-    for a in range(lo - 1, hi - 1, rows_per_slice):
-        b = min(a + rows_per_slice, hi - 1)
+    for a in range(lo - 1, hi - 1, rows_per_block):
+        b = min(a + rows_per_block, hi - 1)
         t = targets[a - lo + 1:b - lo + 1]
-        logits = [head(h[a:b].to(device, dtype)).float() for head, h in zip(heads, hidden)]  # [rows, vocab]
+        rows = [h[a:b].to(device, dtype) for h in hidden]  # [rows, hidden] each
         if len(heads) == 1:
-            out.append(-torch.log_softmax(logits[0], dim=-1).gather(1, t[:, None]))
+            out.append(token_nll(heads[0], rows[0], t)[:, None])
         else:
-            out.append(token_stats(logits[0], logits[1], t))
+            out.append(token_stats(heads, rows, t))
     return torch.cat(out).double().cpu().numpy()
 
 

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import luigi
@@ -313,9 +314,11 @@ class PlacedTask(OutputTask):
                 return existing
         return ChunkedArray.create(path, shape, self.windows_per_chunk, dtype, attrs)
 
-    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, compute) -> dict:
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load) -> dict:
         """Write every chunk of `path` that is missing or damaged: chunk i is
-        `compute(i, read(i))`. Each chunk computed is journalled in the task folder."""
+        `compute(i, read(i))`, with `compute = load()` called once, and only if a chunk is to be
+        computed. A background thread reads one chunk ahead (the first while `load` runs).
+        Each chunk computed is journalled in the task folder."""
         out = self.resumable_array(path, shape, dtype)
         journal = path.parent / "journal.log"
         todo = [i for i in range(out.n_chunks) if not out.verified(i)]
@@ -323,21 +326,27 @@ class PlacedTask(OutputTask):
         for i in corrupted:
             log.warning(f"{self.label()}: chunk {i} failed its checksum; recomputing it")
         started, done_tokens = time.time(), 0
-        for k, i in enumerate(todo, 1):
-            outputs.append_line(journal, f"computing {i}")
-            with self.clock("read"):
-                source = read(i)
-            with self.clock("compute"):
-                data = compute(i, source)
-            failpoint("chunk-computed", self.label())
-            failpoint("mid-chunk-write", self.label(),
-                      partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
-            with self.clock("write"):
-                out.write_chunk(i, data)
-            outputs.append_line(journal, f"wrote {i}")
-            failpoint("chunk-written", self.label())
-            done_tokens += data.shape[0] * shape[1]
-            self.progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead") as reader:
+            ahead = [reader.submit(read, i) for i in todo[:1]]
+            if todo:
+                with self.clock("load"):
+                    compute = load()
+            for k, i in enumerate(todo, 1):
+                outputs.append_line(journal, f"computing {i}")
+                with self.clock("read"):  # what the read-ahead did not hide
+                    source = ahead.pop().result()
+                ahead += [reader.submit(read, j) for j in todo[k:k + 1]]
+                with self.clock("compute"):
+                    data = compute(i, source)
+                failpoint("chunk-computed", self.label())
+                failpoint("mid-chunk-write", self.label(),
+                          partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
+                with self.clock("write"):
+                    out.write_chunk(i, data)
+                outputs.append_line(journal, f"wrote {i}")
+                failpoint("chunk-written", self.label())
+                done_tokens += data.shape[0] * shape[1]
+                self.progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
         return {"chunks": out.n_chunks, "chunks_found": out.n_chunks - len(todo),
                 "chunks_computed": len(todo), "chunks_corrupted": len(corrupted),
                 "bytes_written": folder_bytes(path)}
@@ -376,7 +385,7 @@ class Embed(PlacedTask):
         def compute(i, ids):
             return arch.embed(ids, "cpu", torch.float32).numpy()
 
-        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, read, compute))
+        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, read, lambda: compute))
 
     def check_disk(self, shape: tuple[int, int, int]) -> None:
         """Refuse a pass whose boundaries (and scores) cannot fit on the run root's disk."""
@@ -411,20 +420,29 @@ class LayerWindow(PlacedTask):
         import torch
 
         from .arch import load_architecture
+        from .memory import layer_weight_bytes
         from .window import LayerWindow as Executor
 
         device = resolve_device(self.device())
         reset_device_peak(device)
         work = self.begin()
         source = self.input_boundary()
-        with self.clock("load"):
-            executor = Executor(load_architecture(self.spec().gguf), self.first, self.last, device,
-                                getattr(torch, self.dtype_name(device)))
-        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk,
-                          lambda i, hidden: executor(torch.from_numpy(hidden)).numpy())
+        dtype = getattr(torch, self.dtype_name(device))
+        loaded = []
+
+        def load():
+            loaded.append(Executor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
+            return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
+
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk, load)
         peak = device_peak_mb(device)
-        executor.release()
-        self.commit(device=device, weight_bytes=executor.weight_bytes, device_peak_mb=peak, **stats)
+        if loaded:
+            loaded[0].release()
+            weight_bytes = loaded[0].weight_bytes
+        else:  # every chunk was there already: the weights were never loaded
+            weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype.itemsize)
+                               for i in range(self.first, self.last))
+        self.commit(device=device, weight_bytes=weight_bytes, device_peak_mb=peak, **stats)
 
 
 class Score(PlacedTask):
@@ -465,29 +483,31 @@ class Score(PlacedTask):
         device = resolve_device(self.device())
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
-        with self.clock("load"):
-            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
-            heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
-            for g in ggufs:
-                g.release_pages()
         plan, _ = self.plan()
         sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
         n, ctx, _ = sources[0].array.shape
         offset = self.corpus_windows(plan.n_windows).start
         fields = kld.FIELDS if self.kl_base else ("nll",)
 
-        def compute(i, hidden):
-            # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
-            hidden = [torch.from_numpy(h) for h in hidden]
-            out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
-            for j, local in enumerate(range(*sources[0].windows(i).indices(n))):
-                w = offset + local
-                lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
-                out[j, lo:hi] = window_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
-            return out
+        def load():
+            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
+            heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
+            for g in ggufs:
+                g.release_pages()
+
+            def compute(i, hidden):
+                # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
+                hidden = [torch.from_numpy(h) for h in hidden]
+                out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
+                for j, local in enumerate(range(*sources[0].windows(i).indices(n))):
+                    w = offset + local
+                    lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
+                    out[j, lo:hi] = window_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
+                return out
+            return compute
 
         stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
-                          lambda i: [s.read_chunk(i) for s in sources], compute)
+                          lambda i: [s.read_chunk(i) for s in sources], load)
         self.commit(device=device, fields=list(fields), **stats)
 
     def scored(self) -> list[np.ndarray]:

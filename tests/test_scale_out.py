@@ -64,7 +64,7 @@ def test_two_workers_share_one_scheduler(luigid, tmp_path):
     workers = [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True) for _ in range(2)]
     logs = [w.communicate(timeout=900)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), "\n".join(log[-2000:] for log in logs)
+    assert all(w.returncode == 0 for w in workers), "\n".join(f"{w.returncode}: {log[-3000:]}" for w, log in zip(workers, logs))
     assert sum("4 runs:" in log for log in logs) >= 1
     journals = list((tmp_path / "runs").glob("*/*/journal.log"))
     assert journals

@@ -262,3 +262,10 @@ class Head(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(rms_norm(x, self.norm, self.eps), self.weight)
+
+    def logit_slices(self, x: torch.Tensor, width: int):
+        """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
+        so that all N x vocab logits never exist at once."""
+        normed = rms_norm(x, self.norm, self.eps)
+        for start in range(0, self.weight.shape[0], width):
+            yield start, F.linear(normed, self.weight[start:start + width]).float()

@@ -1,0 +1,49 @@
+"""The LM head applied one vocabulary slice at a time gives what a full log-softmax gives."""
+import torch
+
+from pipeline import scoring
+from pipeline.arch.base import Head
+from pipeline.kld import token_stats
+
+
+def random_head(vocab: int, hidden: int, seed: int) -> Head:
+    g = torch.Generator().manual_seed(seed)
+    return Head(1 + 0.1 * torch.randn(hidden, generator=g), torch.randn(vocab, hidden, generator=g) / hidden ** 0.5,
+                1e-6)
+
+
+def test_slices_give_the_full_log_softmax(monkeypatch):
+    monkeypatch.setattr(scoring, "VOCAB_SLICE", 37)  # 1000 = 27 slices of 37 and one of 1
+    head = random_head(1000, 16, seed=0)
+    rows = torch.randn(50, 16, generator=torch.Generator().manual_seed(1)) * 3
+    targets = torch.tensor([0, 36, 37, 999] + list(range(100, 146)))    # slice edges included
+    full = torch.log_softmax(head(rows).double(), -1)
+    nll = scoring.token_nll(head, rows, targets)
+    assert torch.allclose(nll.double(), -full.gather(1, targets[:, None])[:, 0], atol=2e-5, rtol=0)
+
+    stream = scoring.StreamingSoftmax(targets, torch.float64)
+    logits = head(rows).double()
+    logits[:5, 500] = logits[:5, 40] = logits[:5].max(-1).values + 1      # ties across slices
+    for start in range(0, 1000, 37):
+        stream.add(start, logits[:, start:start + 37])
+    assert torch.equal(stream.argmax, logits.argmax(-1))                # the first maximum wins
+    assert (stream.argmax[:5] == 40).all()
+    assert torch.allclose(stream.lse(), torch.logsumexp(logits, -1), atol=1e-12, rtol=0)
+
+
+def test_kl_statistics_over_slices_equal_a_float64_computation(monkeypatch):
+    monkeypatch.setattr(scoring, "VOCAB_SLICE", 64)
+    model, base = random_head(300, 16, seed=2), random_head(300, 16, seed=3)
+    g = torch.Generator().manual_seed(4)
+    x, xb = torch.randn(40, 16, generator=g), torch.randn(40, 16, generator=g)
+    targets = torch.randint(0, 300, (40,), generator=g)
+    stats = token_stats([model, base], [x, xb], targets)
+
+    lq, lb = (torch.log_softmax(h(r).double(), -1) for h, r in ((model, x), (base, xb)))
+    kld = (lb.exp() * (lb - lq)).sum(-1)
+    tq, tb = lq.gather(1, targets[:, None])[:, 0], lb.gather(1, targets[:, None])[:, 0]
+    expected = torch.stack([-tq, -tb, kld, (lq.argmax(-1) == lb.argmax(-1)).double(), tq.exp() - tb.exp()], -1)
+    assert kld.min() > 0.01
+    assert torch.allclose(stats, expected, atol=1e-5, rtol=1e-5)
+    same = token_stats([model, model], [x, x], targets)
+    assert torch.equal(same[:, 2], torch.zeros(40, dtype=torch.float64)) and same[:, 3].all()
