@@ -22,18 +22,18 @@ FIELDS = ("nll", "nll_base", "kld", "same_top", "delta_p")
 @torch.inference_mode()
 def token_stats(heads: list, rows: list[torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
     """The model's and the base's heads and hidden rows [R, hidden], targets [R] ->
-    [R, len(FIELDS)] float64, accumulated in float64 one vocabulary slice at a time:
-    KL(base || model) = sum_v p_base (y - z) - lse(y) + lse(z), z and y the two models' logits."""
-    model, base = (scoring.StreamingSoftmax(targets, torch.float64) for _ in range(2))
+    [R, len(FIELDS)] float64, one vocabulary slice at a time, with z and y the two models' logits:
+    KL(base || model) = sum_v p_base (y - z) - lse(y) + lse(z). Each model's softmax is the one a
+    run of its own computes (so the base's NLL is its own run's, exactly); the KL sum is float64."""
+    model, base = (scoring.StreamingSoftmax(targets, torch.float32) for _ in range(2))
     cross = torch.zeros(targets.shape[0], dtype=torch.float64, device=targets.device)
     slices = zip(*(head.logit_slices(x, scoring.VOCAB_SLICE) for head, x in zip(heads, rows)), strict=True)
     for (start, z), (_, y) in slices:                      # [R, S] logits of ids [start, start + S)
-        z, y = z.double(), y.double()
         model.add(start, z)
         rescale, weights = base.add(start, y)              # weights: exp(y - running max)
-        cross = cross * rescale + (weights * (y - z)).sum(-1)
-    kld = (cross / base.sum - base.lse() + model.lse()).clamp_min(0)
-    lq, lb = model.logprob(), base.logprob()
+        cross = cross * rescale + (weights.double() * (y.double() - z.double())).sum(-1)
+    kld = (cross / base.sum - base.lse().double() + model.lse().double()).clamp_min(0)
+    lq, lb = model.logprob().double(), base.logprob().double()
     same = (model.argmax == base.argmax).double()
     return torch.stack([-lq, -lb, kld, same, lq.exp() - lb.exp()], -1)
 
