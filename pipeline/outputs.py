@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .errors import UserError
-from .paths import is_local
+from .paths import is_local, location
 
 MANIFEST = "manifest.json"
 POLL_S = 2.0  # how often a waiting worker looks at an object-store lock again
@@ -225,4 +225,6 @@ def disk_errors(run_root: str):
                             f"(completed work is kept)") from None
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
             raise UserError(f"cannot write under {run_root}: {e.strerror} ({e.filename})") from None
+        if isinstance(e, (FileNotFoundError, PermissionError)) and not is_local(location(run_root)):
+            raise UserError(f"cannot write under {run_root}: {e}") from None  # no bucket, no access
         raise

@@ -139,7 +139,7 @@ class OutputTask(RunTask):
     def execute_once(self) -> None:
         """execute() under this output's lock, unless another process finished it meanwhile."""
         shared = not luigi.interface.core().local_scheduler  # several workers, one luigid
-        with outputs.locked(self.out_dir(), self.task_family, wait=shared), outputs.disk_errors(self.run_root):
+        with outputs.disk_errors(self.run_root), outputs.locked(self.out_dir(), self.task_family, wait=shared):
             if not self.complete():
                 self.started, self.clock = time.time(), Stopwatch()
                 reset_peak_rss()

@@ -15,6 +15,8 @@ from pipeline.errors import UserError
 from pipeline.paths import location
 from pipeline.stress import kill_and_resume, load_settings, result_numbers, run_pass
 
+from .test_cli import assert_one_line_error, luigi_cli
+
 BUCKET = "layercycle-runs"
 
 
@@ -102,3 +104,8 @@ def test_data_being_read_is_not_removed(s3):
     assert outputs.remove_data(out, "boundary.zarr", "boundary_removed")
     assert outputs.read_manifest(out) == {"task": "LayerWindow", "boundary_removed": True}
     assert not (out / "boundary.zarr" / "zarr.json").exists()
+
+
+def test_a_missing_bucket_is_one_line(s3):
+    done = luigi_cli("--chunks", "1", "--ctx", "64", run_root="s3://no-such-bucket/runs")
+    assert_one_line_error(done, "cannot write under s3://no-such-bucket/runs: The specified bucket does not exist")
