@@ -167,17 +167,29 @@ BLOCK_DEQUANTIZERS = {
 }
 
 
-def dequantize(raw: np.ndarray, qtype: T, device: torch.device | str = "cpu", name: str = "") -> torch.Tensor:
-    """uint8 (..., row_bytes) in GGML `qtype` -> float32 (..., row_length) on `device`."""
+# values dequantized per step: the intermediates of a step stay in cache instead of making
+# several passes over (and page-faulting) tensors the size of the weight
+PIECE_VALUES = 1 << 19
+
+
+def dequantize(raw: np.ndarray, qtype: T, device: torch.device | str = "cpu", name: str = "",
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
+    float32 values cast to `dtype`, piece by piece."""
     block, type_size = GGML_QUANT_SIZES[qtype]
     lead, row_bytes = raw.shape[:-1], raw.shape[-1]
     out_shape = (*lead, row_bytes // type_size * block)
     fn = BLOCK_DEQUANTIZERS.get(qtype)
     if fn is None:
-        return _fallback(raw, qtype, device, name).reshape(out_shape)
-    # copying out of the read-only file map also makes the bytes contiguous and writable
-    blocks = torch.from_numpy(np.array(raw, copy=True)).to(device).reshape(-1, type_size)
-    return fn(blocks).reshape(out_shape)
+        return _fallback(raw, qtype, device, name).reshape(out_shape).to(dtype)
+    blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]
+    out = torch.empty((blocks.shape[0], block), dtype=dtype, device=device)  # [n_blocks, block]
+    step = max(PIECE_VALUES // block, 1)
+    for start in range(0, blocks.shape[0], step):
+        # copying out of the read-only file map also makes the bytes contiguous and writable
+        piece = torch.from_numpy(np.array(blocks[start:start + step], copy=True)).to(device)
+        out[start:start + step] = fn(piece)
+    return out.reshape(out_shape)
 
 
 def _fallback(raw: np.ndarray, qtype: T, device, name: str) -> torch.Tensor:

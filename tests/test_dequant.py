@@ -70,3 +70,16 @@ def test_dequantizes_on_the_requested_device():
     out = dequantize(raw, T.Q4_K, device=device)
     assert out.device.type == device and out.dtype == torch.float32
     np.testing.assert_array_equal(out.cpu().numpy(), quants.dequantize(raw, T.Q4_K))
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch):
+    """Pieces that end inside a row give gguf-py's float32 values, cast to the compute dtype."""
+    block, _ = GGML_QUANT_SIZES[qtype]
+    monkeypatch.setattr("pipeline.dequant.PIECE_VALUES", 3 * block)  # rows are 5 blocks long
+    raw = random_blocks(qtype, rows=7, row_blocks=5, seed=11)
+    out = dequantize(raw, qtype, dtype=dtype)
+    assert out.dtype == dtype and out.shape == (7, 5 * block)
+    expected = torch.from_numpy(quants.dequantize(raw, qtype)).to(dtype)
+    assert torch.equal(out, expected)

@@ -59,7 +59,7 @@ def read_tensor(gguf: GGUFIndex, name: str, device, dtype) -> torch.Tensor:
     """A tensor of the file, dequantized on `device` and cast to `dtype`."""
     if name not in gguf.tensors:
         raise UserError(f"{gguf.path}: missing tensor {name}")
-    return dequantize(gguf.raw(name), gguf.tensors[name].qtype, device, name).to(dtype)
+    return dequantize(gguf.raw(name), gguf.tensors[name].qtype, device, name, dtype)
 
 
 class BlockTensors:
@@ -239,7 +239,7 @@ class DecoderArch:
         info = self.gguf.tensors[name]
         unique, inverse = torch.unique(ids, return_inverse=True)
         rows = self.gguf.raw(name)[unique.numpy()]
-        table = dequantize(rows, info.qtype, device, name).to(dtype)  # [U, hidden]
+        table = dequantize(rows, info.qtype, device, name, dtype)  # [U, hidden]
         x = table[inverse.to(device)]
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=dtype, device=device)
