@@ -6,10 +6,11 @@ For each model: llama-perplexity, layercycle with the whole trunk in one window,
 with each window size; tokens/s and wall time of the whole process (model load and
 tokenization included on both sides), the ratio to llama-perplexity, the largest peak RSS of a
 window task and of any task (each task's own peak, measured in the one worker process as a
-user's run has it), bytes per boundary, and where layercycle's time went.
-Each figure is the median of the configured repetitions. Also writes a PNG plot.
+user's run has it), bytes per boundary, and where layercycle's time went. The runs take turns,
+one repetition of each at a time; each row is the run of median wall time. Also writes a PNG plot.
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -52,50 +53,55 @@ def _env(threads: int) -> dict:
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
-def bench_llama(binary: Path, model: Path, cfg: dict) -> Row:
-    walls, ppl = [], 0.0
+def bench_model(alias: str, model: Path, binary: Path | None, cfg: dict) -> list[Row]:
+    """Each run of the table once per repetition, in turn, so that a slow spell of the machine
+    falls on all of them alike; then the run of median wall time of each."""
+    runs = ([lambda: llama_once(binary, model, cfg)] if binary else [])
+    runs += [functools.partial(layercycle_once, alias, model, w, cfg) for w in cfg["window_sizes"]]
+    samples: list[list[Row]] = [[] for _ in runs]
     for _ in range(cfg["repetitions"]):
-        start = time.perf_counter()
-        done = subprocess.run([str(binary), "-m", str(model), "-f", cfg["corpus"], "-c", str(cfg["ctx"]),
-                               "-b", str(cfg["ctx"]), "-t", str(cfg["threads"]), "--chunks", str(cfg["chunks"])],
-                              capture_output=True, text=True, env=_env(cfg["threads"]))
-        walls.append(time.perf_counter() - start)
-        if done.returncode:
-            raise UserError(f"llama-perplexity failed on {model}: {done.stderr.strip().splitlines()[-1:]}")
-        ppl, _ = parse_final_estimate(done.stdout + done.stderr)
-    wall = statistics.median(walls)
+        for run, rows in zip(runs, samples):
+            if not (rows and rows[0].refused):  # a refusal is not repeated
+                rows.append(run())
+    return [sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2] for rows in samples]
+
+
+def llama_once(binary: Path, model: Path, cfg: dict) -> Row:
+    start = time.perf_counter()
+    done = subprocess.run([str(binary), "-m", str(model), "-f", cfg["corpus"], "-c", str(cfg["ctx"]),
+                           "-b", str(cfg["ctx"]), "-t", str(cfg["threads"]), "--chunks", str(cfg["chunks"])],
+                          capture_output=True, text=True, env=_env(cfg["threads"]))
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise UserError(f"llama-perplexity failed on {model}: {done.stderr.strip().splitlines()[-1:]}")
+    ppl, _ = parse_final_estimate(done.stdout + done.stderr)
     return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl)
 
 
-def bench_layercycle(alias: str, model: Path, window: int, cfg: dict) -> Row:
+def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
     name = "layercycle " + ("whole" if window == 0 else f"cycled {window}")
-    runs = []
-    for _ in range(cfg["repetitions"]):
-        with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
-            root = Path(tmp)
-            cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
-                   "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
-                   "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
-                   "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
-                   "--result-json", str(root / "result.json")]
-            start = time.perf_counter()
-            done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
-            wall = time.perf_counter() - start
-            if done.returncode:
-                reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-                if "ERROR: layercycle:" not in reason:
-                    raise UserError(f"layercycle failed on {alias}: {reason}")
-                return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1])
-            manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
-            runs.append((wall, json.loads((root / "result.json").read_text())["ppl"], manifests))
-    wall, ppl, manifests = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
+        root = Path(tmp)
+        cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
+               "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
+               "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
+               "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
+               "--result-json", str(root / "result.json")]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
+        wall = time.perf_counter() - start
+        if done.returncode:
+            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            if "ERROR: layercycle:" not in reason:
+                raise UserError(f"layercycle failed on {alias}: {reason}")
+            return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1])
+        manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
+        ppl = json.loads((root / "result.json").read_text())["ppl"]
     windows = [m for m in manifests if m["task"] == "LayerWindow"]
-    split = _split(manifests)
-    return Row(name, window, wall,
-               cfg["chunks"] * cfg["ctx"] / wall, ppl,
+    return Row(name, window, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl,
                window_rss_mb=max(m["peak_rss_mb"] for m in windows),
                peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
-               boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=split)
+               boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=_split(manifests))
 
 
 def _split(manifests: list[dict]) -> dict:
@@ -168,8 +174,7 @@ def main(argv=None) -> int:
         results, n_layers = {}, {}
         for alias in cfg["models"]:
             model = model_path(alias, cfg)
-            rows = [bench_llama(binary, model, cfg)] if binary else []
-            rows += [bench_layercycle(alias, model, w, cfg) for w in cfg["window_sizes"]]
+            rows = bench_model(alias, model, binary, cfg)
             print_table(alias, rows)
             results[alias] = rows
             n_layers[alias] = _n_layers(model)

@@ -50,3 +50,27 @@ def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
     assert gpu_check.main([]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["layercycle gpu_check: no CUDA device: this check needs a GPU machine"]
+
+
+def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
+    from pipeline import bench
+
+    calls = []
+    walls = iter([5.0, 9.0, 1.0, 7.0, 3.0, 8.0])
+
+    def llama_once(binary, model, cfg):
+        calls.append("llama")
+        return bench.Row("llama-perplexity", None, next(walls), 0.0, 1.0)
+
+    def layercycle_once(alias, model, window, cfg):
+        calls.append(window)
+        if window == 4:
+            return bench.Row("layercycle cycled 4", 4, 0.1, 0.0, float("nan"), refused="does not fit")
+        return bench.Row("layercycle whole", 0, next(walls), 0.0, 1.0)
+
+    monkeypatch.setattr(bench, "llama_once", llama_once)
+    monkeypatch.setattr(bench, "layercycle_once", layercycle_once)
+    rows = bench.bench_model("m", None, "llama-perplexity", {"window_sizes": [0, 4], "repetitions": 3})
+    assert calls == ["llama", 0, 4, "llama", 0, "llama", 0]  # in turn; a refusal is not repeated
+    assert [r.wall_s for r in rows] == [3.0, 8.0, 0.1]       # medians of (5, 1, 3) and (9, 7, 8)
+    assert rows[2].refused == "does not fit"
