@@ -56,7 +56,7 @@ def _env(threads: int) -> dict:
 def bench_model(alias: str, model: Path, binary: Path | None, cfg: dict) -> list[Row]:
     """Each run of the table once per repetition, in turn, so that a slow spell of the machine
     falls on all of them alike; then the run of median wall time of each."""
-    runs = ([lambda: llama_once(binary, model, cfg)] if binary else [])
+    runs = [functools.partial(llama_once, binary, model, cfg)] if binary else []
     runs += [functools.partial(layercycle_once, alias, model, w, cfg) for w in cfg["window_sizes"]]
     samples: list[list[Row]] = [[] for _ in runs]
     for _ in range(cfg["repetitions"]):
