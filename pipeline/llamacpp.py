@@ -38,14 +38,18 @@ def llama_cpp_source(version: str) -> Path:
 
 
 def llama_perplexity(version: str) -> Path:
+    # Built for this CPU without AMX: the AMX kernels of this llama.cpp stop with an illegal
+    # instruction on Xeons that have it (the AVX-512 VNNI kernels are used instead).
     root = cache_dir() / f"llama-cpp-python-{version}"
-    binary = root / "build" / "bin" / "llama-perplexity"
+    build = root / "build-native-noamx"
+    binary = build / "bin" / "llama-perplexity"
     if binary.is_file():
         return binary
     llama = llama_cpp_source(version)
-    build = root / "build"
+    no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     _check(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-            "-DCMAKE_BUILD_TYPE=Release"], "configure llama.cpp")
+            "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"],
+           "configure llama.cpp")
     _check(["cmake", "--build", str(build), "--target", "llama-perplexity", "-j", str(os.cpu_count() or 2)],
            "build llama-perplexity")
     return binary
