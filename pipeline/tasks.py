@@ -102,11 +102,15 @@ class OutputTask(RunTask):
         raise NotImplementedError
 
     def out_dir(self) -> Path:
-        upstream = [t.out_dir().name for t in luigi.task.flatten(self.requires())]
-        blob = json.dumps({"task": self.task_family, "identity": self.identity(), "upstream": upstream},
-                          sort_keys=True)
-        digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
-        return location(self.run_root) / self.task_family / digest
+        # named once per task object (Luigi keeps one per parameter set), so the chain of
+        # windows above a task is hashed once, not again for every task below it
+        if "_out_dir" not in self.__dict__:
+            upstream = [t.out_dir().name for t in luigi.task.flatten(self.requires())]
+            blob = json.dumps({"task": self.task_family, "identity": self.identity(), "upstream": upstream},
+                              sort_keys=True)
+            digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+            self._out_dir = location(self.run_root) / self.task_family / digest
+        return self._out_dir
 
     def output(self):
         return CompleteOutput(self.out_dir())
