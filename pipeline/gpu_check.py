@@ -2,8 +2,8 @@
 
     python -m pipeline.gpu_check [--config configs/gpu_check.toml]
 
-For each model: a float32 CPU pass, then on the GPU a whole-trunk pass and a cycled one in the
-configured compute dtype. Prints mean NLL, PPL, tokens/s, the peak CUDA memory of each window
+For each model: a float32 CPU pass, then on the GPU (`device` of the settings) a whole-trunk
+pass and a cycled one in the configured compute dtype. Prints mean NLL, PPL, tokens/s, the peak CUDA memory of each window
 task (torch.cuda.max_memory_allocated), and checks cycled against whole and GPU against CPU
 (mean NLL within the configured tolerance). Exits 1 when a check fails.
 """
@@ -38,15 +38,15 @@ def check_model(alias: str, cfg: dict) -> bool:
         cpu, _ = run(alias, cfg, Path(tmp) / "cpu", device="cpu", window_layers=0, compute_dtype="float32")
         gpu = {}
         for name, window in (("whole", 0), ("cycled", cfg["window_layers"])):
-            gpu[name] = run(alias, cfg, Path(tmp) / name, device="cuda", window_layers=window,
+            gpu[name] = run(alias, cfg, Path(tmp) / name, device=cfg["device"], window_layers=window,
                             compute_dtype=cfg["compute_dtype"])
         rows.append(("cpu float32 whole", cpu, []))
-        rows += [(f"cuda {cfg['compute_dtype']} {name}", *gpu[name]) for name in ("whole", "cycled")]
+        rows += [(f"{cfg['device']} {cfg['compute_dtype']} {name}", *gpu[name]) for name in ("whole", "cycled")]
     print(f"\n## {alias}\n")
     print("| run | mean NLL | PPL | tokens/s | peak CUDA MB per window |")
     print("|---|---|---|---|---|")
     for name, r, windows in rows:
-        peaks = " ".join(f"{m['device_peak_mb']:.0f}" for m in windows) or "-"
+        peaks = " ".join(f"{m['device_peak_mb']:.0f}" for m in windows if m["device_peak_mb"] is not None) or "-"
         print(f"| {name} | {r['mean_nll']:.6f} | {r['ppl']:.4f} | {r['tokens_per_s']:.1f} | {peaks} |")
     tol = cfg["mean_nll_rel_tol"]
     for label, a, b in (("cycled vs whole (GPU)", gpu["cycled"][0], gpu["whole"][0]),
@@ -65,12 +65,13 @@ def main(argv=None) -> int:
     try:
         import torch
 
-        if not torch.cuda.is_available():
-            raise UserError("no CUDA device: this check needs a GPU machine")
         with open(args.config, "rb") as f:
             cfg = tomllib.load(f)
+        if cfg["device"].startswith("cuda") and not torch.cuda.is_available():
+            raise UserError("no CUDA device: this check needs a GPU machine")
         cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
-        print(f"device: {torch.cuda.get_device_name()}")
+        device = cfg["device"]
+        print(f"device: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}")
         ok = all([check_model(alias, cfg) for alias in cfg["models"]])
     except UserError as e:
         print(f"layercycle gpu_check: {e}", file=sys.stderr)

@@ -52,6 +52,24 @@ def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
     assert err == ["layercycle gpu_check: no CUDA device: this check needs a GPU machine"]
 
 
+def test_gpu_check_flow_on_the_cpu(capsys, model_path):
+    """The check's passes, table and comparisons, with the CPU standing in for the GPU."""
+    from pipeline import gpu_check
+
+    from .conftest import HEAD40K
+
+    model_path("smollm2-135m")
+    cfg = {"corpus": str(HEAD40K), "ctx": 128, "chunks": 2, "device": "cpu", "window_layers": 8,
+           "compute_dtype": "bfloat16", "mean_nll_rel_tol": 0.003}
+    assert gpu_check.check_model("smollm2-135m", cfg)
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split(" | ") for line in out if line.startswith("| cpu ")]
+    assert [r[0] for r in rows] == ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled"]
+    assert all(r[-1] == "- |" for r in rows)  # no CUDA peak on the CPU
+    assert [line.split(":")[0] for line in out[-2:]] == ["cycled vs whole (GPU)", "GPU vs CPU"]
+    assert all("% (ok, limit 0.3%)" in line for line in out[-2:])
+
+
 def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
     from pipeline import bench
 
