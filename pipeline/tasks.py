@@ -146,12 +146,16 @@ class OutputTask(RunTask):
         with outputs.disk_errors(self.run_root), outputs.locked(self.out_dir(), self.task_family, wait=shared):
             if not self.complete():
                 self.started, self.clock = time.time(), Stopwatch()
+                self.prepare()
                 reset_peak_rss()
                 self.execute()
 
     def inputs_read(self) -> list:
         """Upstream outputs whose data this task reads while it runs."""
         return []
+
+    def prepare(self) -> None:
+        """What the process needs before this task runs (PlacedTask: settings for compute)."""
 
     def release_input(self) -> None:
         """What a task does once its output is complete (PlacedTask: free the consumed boundary)."""
@@ -271,6 +275,11 @@ class PlacedTask(OutputTask):
 
     def inputs_read(self) -> list:
         return [t for t in luigi.task.flatten(self.requires()) if isinstance(t, PlacedTask)]
+
+    def prepare(self) -> None:
+        from .worker_process import prepare_for_compute
+
+        prepare_for_compute()
 
     def release_input(self) -> None:
         """Remove the boundary this task consumed, now that its own output is complete; it stays
