@@ -3,9 +3,10 @@
     python -m pipeline.gpu_check [--config configs/gpu_check.toml]
 
 For each model: a float32 CPU pass, then on the GPU (`device` of the settings) a whole-trunk
-pass and a cycled one in the configured compute dtype. Prints mean NLL, PPL, tokens/s, the peak CUDA memory of each window
-task (torch.cuda.max_memory_allocated), and checks cycled against whole and GPU against CPU
-(mean NLL within the configured tolerance). Exits 1 when a check fails.
+pass and a cycled one in the configured compute dtype. Prints mean NLL, PPL, tokens/s, the
+peak CUDA memory of each window task (torch.cuda.max_memory_allocated), and checks cycled
+against whole and GPU against CPU (mean NLL within the configured tolerance). Exits 1 when a
+check fails.
 """
 import argparse
 import json
@@ -67,10 +68,10 @@ def main(argv=None) -> int:
 
         with open(args.config, "rb") as f:
             cfg = tomllib.load(f)
-        if cfg["device"].startswith("cuda") and not torch.cuda.is_available():
+        device = cfg["device"]
+        if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError("no CUDA device: this check needs a GPU machine")
         cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
-        device = cfg["device"]
         print(f"device: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}")
         ok = all([check_model(alias, cfg) for alias in cfg["models"]])
     except UserError as e:

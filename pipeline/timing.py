@@ -1,6 +1,5 @@
 """Where a task's time goes (weight load, boundary read, compute, write) and its peak memory."""
 import contextlib
-import ctypes
 import resource
 import sys
 import time
@@ -8,6 +7,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import fsspec
+
+from .heap import trim
 
 
 class Stopwatch:
@@ -30,8 +31,8 @@ def reset_peak_rss() -> None:
     """Hand freed heap back to the system and start a new peak-RSS measurement, so that each
     task run in one worker process has its own (Linux: malloc_trim, then writing 5 to
     clear_refs resets VmHWM; elsewhere the peak is the process's)."""
+    trim()
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
         CLEAR_REFS.write_text("5")
     except OSError:
         pass

@@ -11,8 +11,9 @@ import functools
 
 from .heap import keep_freed_memory
 
-VECTOR_MATH = ("exp", "expm1", "log", "log2", "log10", "log1p", "sqrt", "sin", "cos", "tan", "tanh",
-               "asin", "acos", "atan", "erf", "erfc", "erfinv", "trunc", "sigmoid")
+# the functions torch hands to MKL on the CPU (aten/src/ATen/cpu/vml.h)
+VECTOR_MATH = ("exp", "log", "log2", "log10", "sqrt", "sin", "cos", "tan", "tanh", "asin", "acos", "atan",
+               "erf", "erfc", "erfinv", "trunc")
 
 
 @functools.cache
