@@ -623,6 +623,8 @@ class PerplexityRun(RunTask):
     def run(self):
         from .report import print_report
 
+        if not all(t.complete() for t in self.score_tasks(check_memory=False)):
+            self.score_tasks()  # requires() found no chain to run: say why (the memory preflight)
         result = self.result()
         print_report(result, per_window=self.per_window)
         if self.result_json:

@@ -2,6 +2,7 @@
 starts, with the window size that does fit."""
 import re
 
+import luigi
 import pytest
 
 from pipeline import memory
@@ -24,23 +25,44 @@ def test_refusal_names_the_need_and_the_window_that_fits():
         memory.check_windows_fit(windows, [2 ** 30] * 4, 2 ** 29, {"cpu": "float32"}, {"cpu": 3 * 2 ** 30})
 
 
-def test_whole_trunk_refused_before_it_starts_and_the_advice_runs(monkeypatch, tmp_path):
-    from pipeline import PerplexityRun
-
-    run = PerplexityRun(model="smollm2-135m", window_layers=0, run_root=str(tmp_path))
+def a_third_of_the_trunk_fits(run, monkeypatch) -> int:
+    """The CPU's memory, from now on, holds a third of the run's float32 trunk (of how many layers)."""
     windows = run.placement()                                     # fits this machine
     s = run.spec()
-    per_layer = [memory.layer_weight_bytes(s.gguf, i, 4) for i in range(windows[0].last)]
+    per_layer = [memory.layer_weight_bytes(s.gguf, i, 4) for i in range(windows[-1].last)]
     n_head = load_architecture(s.gguf).hp.n_head
     fixed = memory.RUNTIME_BYTES + memory.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
     monkeypatch.setattr(memory, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
     monkeypatch.setattr(memory, "check_head_fits", lambda *args: None)  # the head has its own test
+    return len(per_layer)
+
+
+def test_whole_trunk_refused_before_it_starts_and_the_advice_runs(monkeypatch, tmp_path):
+    from pipeline import PerplexityRun
+
+    run = PerplexityRun(model="smollm2-135m", window_layers=0, run_root=str(tmp_path))
+    n_layers = a_third_of_the_trunk_fits(run, monkeypatch)
     with pytest.raises(UserError, match="--window-layers") as refused:
         run.placement()
     advised = int(re.search(r"--window-layers (\d+) fits", str(refused.value)).group(1))
-    assert 0 < advised < len(per_layer)
+    assert 0 < advised < n_layers
     assert PerplexityRun(model="smollm2-135m", window_layers=advised, run_root=str(tmp_path)).placement()
     assert not list(tmp_path.iterdir())                           # refused before any task ran
+
+
+def test_the_command_refuses_it_in_one_line(monkeypatch, tmp_path, caplog):
+    """Through Luigi, as `luigi --module pipeline PerplexityRun` runs it: the run fails with the
+    preflight's line and no task runs."""
+    from pipeline import PerplexityRun
+
+    run = PerplexityRun(model="smollm2-135m", window_layers=0, run_root=str(tmp_path))
+    a_third_of_the_trunk_fits(run, monkeypatch)
+    done = luigi.build([run], local_scheduler=True, detailed_summary=True)
+    assert done.status.name == "FAILED"
+    lines = [r.getMessage() for r in caplog.records if "layercycle:" in r.getMessage()]
+    assert len(lines) == 1 and re.search(r"need about .* GiB are available; --window-layers \d+ fits", lines[0])
+    assert not any(r.exc_info for r in caplog.records)
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
