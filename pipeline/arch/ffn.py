@@ -17,9 +17,12 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
 
 def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
                  up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """down(act(gate x) * up x), or down(act(up x)) where there is no gate."""
-    u = F.linear(x, up, up_bias)
-    h = act(u) if gate is None else act(F.linear(x, gate)) * u
+    """down(act(gate x) * up x), or down(act(up x)) where there is no gate. The product is formed
+    in place, so at most two [..., ffn] activations are alive at once."""
+    if gate is None:
+        return F.linear(act(F.linear(x, up, up_bias)), down, down_bias)
+    h = act(F.linear(x, gate))          # [..., ffn]
+    h.mul_(F.linear(x, up, up_bias))    # [..., ffn]
     return F.linear(h, down, down_bias)
 
 
