@@ -37,13 +37,13 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
         if not peak <= FLOAT16_MAX:
             raise UserError(f"the hidden state reaches {peak:.3g}, beyond float16's range of {FLOAT16_MAX:g}: "
                             f"use --boundary-dtype bfloat16 or float32 for this model")
-    return x.astype(STORED_AS[dtype])
+    return x.astype(STORED_AS[dtype], copy=False)
 
 
 def decode(stored: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return (stored.astype(np.uint32) << 16).view(np.float32)
-    return stored.astype(np.float64 if dtype == "float64" else np.float32)
+    return stored.astype(np.float64 if dtype == "float64" else np.float32, copy=False)
 
 
 class ChunkedArray:
