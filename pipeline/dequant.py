@@ -173,23 +173,25 @@ PIECE_VALUES = 1 << 19
 
 
 def dequantize(raw: np.ndarray, qtype: T, device: torch.device | str = "cpu", name: str = "",
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
-    float32 values cast to `dtype`, piece by piece."""
+    float32 values cast to `dtype`, piece by piece; into `out` where it is given (a contiguous
+    tensor of that shape, dtype and device)."""
     block, type_size = GGML_QUANT_SIZES[qtype]
-    lead, row_bytes = raw.shape[:-1], raw.shape[-1]
-    out_shape = (*lead, row_bytes // type_size * block)
+    out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
+    if out is None:
+        out = torch.empty(out_shape, dtype=dtype, device=device)
     fn = BLOCK_DEQUANTIZERS.get(qtype)
     if fn is None:
-        return _fallback(raw, qtype, device, name).reshape(out_shape).to(dtype)
+        return out.copy_(_fallback(raw, qtype, device, name).reshape(out_shape))
     blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]
-    out = torch.empty((blocks.shape[0], block), dtype=dtype, device=device)  # [n_blocks, block]
+    flat = out.view(blocks.shape[0], block)                              # [n_blocks, block]
     step = max(PIECE_VALUES // block, 1)
     for start in range(0, blocks.shape[0], step):
         # copying out of the read-only file map also makes the bytes contiguous and writable
         piece = torch.from_numpy(np.array(blocks[start:start + step], copy=True)).to(device)
-        out[start:start + step] = fn(piece)
-    return out.reshape(out_shape)
+        flat[start:start + step] = fn(piece)
+    return out
 
 
 def _fallback(raw: np.ndarray, qtype: T, device, name: str) -> torch.Tensor:

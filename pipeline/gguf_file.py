@@ -157,11 +157,14 @@ class GGUFIndex:
             h.update(self._map[start:end])
         return h.hexdigest()
 
-    def release_pages(self) -> None:
-        """Drop the file's pages from this process's resident set once their tensors have been
-        dequantized (they stay in the page cache): RSS then follows the window, not the file."""
+    def release_pages(self, name: str) -> None:
+        """Drop the pages of tensor `name` from this process's resident set once it has been
+        dequantized (they stay in the page cache): RSS then holds the tensor being read, not
+        every tensor of the window or the file."""
         if hasattr(mmap, "MADV_DONTNEED"):
-            self._map.madvise(mmap.MADV_DONTNEED)
+            info = self.tensors[name]
+            start = info.offset - info.offset % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.n_bytes - start)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""

@@ -87,6 +87,7 @@ class OutputTask(RunTask):
     """A task that computes an output folder. Its Luigi task id is the folder's name, so the
     tasks of several runs that compute one output (the Embed of a cycled and of a whole-trunk
     run) are one task to the scheduler, run once by one worker."""
+    reuses_weights = False  # takes over the weight block the last window left (weight_block.py)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -147,6 +148,10 @@ class OutputTask(RunTask):
             if not self.complete():
                 self.started, self.clock = time.time(), Stopwatch()
                 self.prepare()
+                if not self.reuses_weights:
+                    from .weight_block import drop_kept
+
+                    drop_kept()
                 reset_peak_rss()
                 self.execute()
 
@@ -414,6 +419,7 @@ class Embed(PlacedTask):
 class LayerWindow(PlacedTask):
     first = luigi.IntParameter()
     last = luigi.IntParameter()
+    reuses_weights = True
 
     def requires(self):
         return self.boundary_task(self.first)
@@ -505,8 +511,6 @@ class Score(PlacedTask):
         def load():
             ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
             heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
-            for g in ggufs:
-                g.release_pages()
 
             def compute(i, hidden):
                 # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere

@@ -3,11 +3,13 @@
 Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
 [B, T, hidden] so the caller can store them wherever it likes. Each of the B rows is one
 corpus window: recurrent layers start every row from a zero state, so nothing crosses a
-corpus window or a layer cut.
+corpus window or a layer cut. The weights of the window are one block (weight_block.py),
+which on the CPU a released window leaves to the next.
 """
 import torch
 
 from .arch.base import DecoderArch, Tables
+from .weight_block import WeightBlock
 
 
 class LayerWindow:
@@ -15,8 +17,8 @@ class LayerWindow:
         if not 0 <= first < last <= arch.hp.n_layers:
             raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
         self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
-        self.layers = [arch.load_layer(i, self.device, dtype) for i in range(first, last)]
-        arch.gguf.release_pages()
+        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device)
+        self.layers = [arch.load_layer(i, self.device, dtype, self.weights) for i in range(first, last)]
         self.weight_bytes = sum(layer.nbytes for layer in self.layers)
         self._tables: dict[int, Tables] = {}
 
@@ -34,5 +36,7 @@ class LayerWindow:
     def release(self) -> None:
         self.layers.clear()
         self._tables.clear()
+        self.weights.keep()
+        self.weights = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -19,6 +19,7 @@ from torch import nn
 from ..dequant import dequantize
 from ..errors import UserError
 from ..gguf_file import GGUFIndex
+from ..weight_block import WeightBlock
 from .blocks import Attention, RopeSpec, causal_mask, rms_norm, rope_tables
 from .ffn import MLP, MoE, Routing
 
@@ -55,18 +56,24 @@ class Tables:
         return self._mask[window]
 
 
-def read_tensor(gguf: GGUFIndex, name: str, device, dtype) -> torch.Tensor:
-    """A tensor of the file, dequantized on `device` and cast to `dtype`."""
+def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock | None = None) -> torch.Tensor:
+    """A tensor of the file, dequantized on `device` and cast to `dtype`, inside `weights`
+    where it is given and has room."""
     if name not in gguf.tensors:
         raise UserError(f"{gguf.path}: missing tensor {name}")
-    return dequantize(gguf.raw(name), gguf.tensors[name].qtype, device, name, dtype)
+    info = gguf.tensors[name]
+    out = weights.take(info.shape, dtype) if weights is not None else None
+    t = dequantize(gguf.raw(name), info.qtype, device, name, dtype, out=out)
+    gguf.release_pages(name)
+    return t
 
 
 class BlockTensors:
-    """The tensors of block `i`, dequantized on request; counts the bytes it holds."""
+    """The tensors of block `i`, dequantized on request (into `weights` where given); counts
+    the bytes it holds."""
 
-    def __init__(self, gguf: GGUFIndex, i: int, device, dtype):
-        self.gguf, self.i, self.device, self.dtype = gguf, i, device, dtype
+    def __init__(self, gguf: GGUFIndex, i: int, device, dtype, weights: WeightBlock | None = None):
+        self.gguf, self.i, self.device, self.dtype, self.weights = gguf, i, device, dtype, weights
         self.nbytes, self.read = 0, set()
 
     def name(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> str:
@@ -81,7 +88,7 @@ class BlockTensors:
         name = self.name(kind, suffix)
         if name not in self.gguf.tensors and not required:
             return None
-        t = read_tensor(self.gguf, name, self.device, dtype or self.dtype)
+        t = read_tensor(self.gguf, name, self.device, dtype or self.dtype, self.weights)
         self.read.add(name)
         self.nbytes += t.numel() * t.element_size()
         return t
@@ -182,8 +189,8 @@ class DecoderArch:
         return None
 
     # -- layers ----------------------------------------------------------------------------
-    def load_layer(self, i: int, device, dtype) -> DecoderLayer:
-        t = BlockTensors(self.gguf, i, device, dtype)
+    def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None) -> DecoderLayer:
+        t = BlockTensors(self.gguf, i, device, dtype, weights)
         steps = self.layer_steps(i, t)
         t.check_all_read()
         return DecoderLayer(steps, t.nbytes)

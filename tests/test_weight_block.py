@@ -1,0 +1,54 @@
+"""A layer window's weights live in one block, which the next window of the same size takes
+over instead of allocating (and page-faulting) its own; no other task keeps it."""
+import torch
+
+from pipeline import weight_block
+from pipeline.arch import load_architecture
+from pipeline.gguf_file import open_gguf
+from pipeline.window import LayerWindow
+
+from .conftest import HEAD40K, run_pipeline
+
+
+def smollm2(model_path):
+    arch = load_architecture(open_gguf(str(model_path("smollm2-135m"))))
+    ids = torch.randint(0, arch.hp.vocab, (2, 64), generator=torch.Generator().manual_seed(0))
+    return arch, arch.embed(ids, "cpu", torch.float32)   # [2, 64, hidden]
+
+
+def test_every_weight_of_a_window_is_in_its_block(model_path):
+    arch, _ = smollm2(model_path)
+    window = LayerWindow(arch, 0, 2, "cpu", torch.float32)
+    block = window.weights
+    assert block.used == block.data.numel() >= window.weight_bytes  # room for each tensor, all taken
+    norm = window.layers[0].steps[0].norm
+    start = block.data.data_ptr()
+    assert start <= norm.data_ptr() < start + block.data.numel()
+    window.release()
+    weight_block.drop_kept()
+
+
+def test_the_next_window_of_that_size_takes_it_over_with_the_same_numbers(model_path):
+    arch, x = smollm2(model_path)
+    first = LayerWindow(arch, 0, 2, "cpu", torch.float32)
+    hidden = first(x)
+    block = first.weights
+    first.release()
+    second = LayerWindow(arch, 2, 4, "cpu", torch.float32)
+    assert second.weights is block                       # taken over, not allocated
+    taken_over = second(hidden)
+    second.release()
+    weight_block.drop_kept()
+    fresh = LayerWindow(arch, 2, 4, "cpu", torch.float32)
+    assert fresh.weights is not block
+    assert torch.equal(fresh(hidden), taken_over)
+    fresh.release()
+    other_size = LayerWindow(arch, 4, 7, "cpu", torch.float32)
+    assert other_size.weights.data.numel() != block.data.numel()
+    other_size.release()
+    weight_block.drop_kept()
+
+
+def test_no_block_is_kept_past_the_last_window(tmp_path):
+    run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=10)
+    assert weight_block._kept is None                   # the Score task let it go
