@@ -1,5 +1,6 @@
 """Memory preflight: a placement whose window cannot fit its device is refused before the pass
 starts, with the window size that does fit."""
+import json
 import re
 
 import luigi
@@ -75,3 +76,23 @@ def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
     with pytest.raises(UserError, match=r"the LM head \(token_embd.weight\) on cpu needs about 1\.4 GiB "
                                         r"\(0\.6 GiB of float32 weights\) .* --compute-dtype bfloat16 halves it"):
         memory.check_head_fits(gguf, "cpu", "float32", 4, head)
+
+
+def test_window_tasks_hold_flat_memory_below_the_whole_trunk(tmp_path):
+    """Each window task's peak RSS (its own, in the one worker process a user's run has) is the
+    same from the first window to the last and well below the whole trunk's."""
+    from .conftest import HEAD40K
+    from .test_cli import luigi_cli
+
+    def window_peaks(window_layers: int) -> list[float]:
+        root = tmp_path / str(window_layers)
+        done = luigi_cli("--task", "wikitext-2", "--corpus", str(HEAD40K), "--chunks", "4",
+                         "--window-layers", str(window_layers), run_root=root)
+        assert done.returncode == 0, done.stderr
+        manifests = [json.loads(p.read_text()) for p in (root / "LayerWindow").glob("*/manifest.json")]
+        return [m["peak_rss_mb"] for m in sorted(manifests, key=lambda m: m["identity"]["layers"])]
+
+    cycled, (whole,) = window_peaks(5), window_peaks(0)
+    assert len(cycled) == 6
+    assert max(cycled) < 1.1 * min(cycled)
+    assert max(cycled) < 0.75 * whole
