@@ -157,6 +157,11 @@ class GGUFIndex:
             h.update(self._map[start:end])
         return h.hexdigest()
 
+    def layer_tensors(self, i: int) -> list[TensorInfo]:
+        """The tensors of block `i` (`blk.{i}.*`)."""
+        prefix = f"blk.{i}."
+        return [t for n, t in self.tensors.items() if n.startswith(prefix)]
+
     def release_pages(self, name: str) -> None:
         """Drop the pages of tensor `name` from this process's resident set once it has been
         dequantized (they stay in the page cache): RSS then holds the tensor being read, not

@@ -15,8 +15,7 @@ RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of 
 
 def layer_weight_bytes(gguf: GGUFIndex, i: int, element_size: int) -> int:
     """Bytes the dequantized tensors of block `i` take at `element_size` bytes per value."""
-    prefix = f"blk.{i}."
-    return sum(element_size * int(np.prod(t.shape)) for n, t in gguf.tensors.items() if n.startswith(prefix))
+    return sum(element_size * int(np.prod(t.shape)) for t in gguf.layer_tensors(i))
 
 
 def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:

@@ -34,9 +34,8 @@ class WeightBlock:
     @classmethod
     def for_layers(cls, gguf: GGUFIndex, first: int, last: int, dtype: torch.dtype, device) -> "WeightBlock":
         """Room for every tensor of blocks [first, last) in `dtype`."""
-        prefixes = tuple(f"blk.{i}." for i in range(first, last))
-        need = sum(_aligned(math.prod(t.shape) * dtype.itemsize) for n, t in gguf.tensors.items()
-                   if n.startswith(prefixes))
+        need = sum(_aligned(math.prod(t.shape) * dtype.itemsize)
+                   for i in range(first, last) for t in gguf.layer_tensors(i))
         return cls.reused(need, device)
 
     @classmethod

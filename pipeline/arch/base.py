@@ -96,8 +96,7 @@ class BlockTensors:
     def check_all_read(self) -> None:
         """A tensor of the block that the layer did not read means a variant we would compute
         wrongly (merged or latent experts, extra projections): refuse it rather than guess."""
-        prefix = f"blk.{self.i}."
-        unread = sorted(n for n in self.gguf.tensors if n.startswith(prefix) and n not in self.read)
+        unread = sorted(t.name for t in self.gguf.layer_tensors(self.i) if t.name not in self.read)
         if unread:
             raise UserError(f"{self.gguf.path}: tensor {unread[0]} is not part of the {self.gguf.architecture} "
                             f"layer layercycle computes; this variant of the architecture is not supported")
