@@ -2,6 +2,6 @@
 
 `luigi --module pipeline PerplexityRun` imports this package; importing it registers the tasks.
 """
-from .tasks import Embed, LayerWindow, PerplexityRun, Score, Sweep, Tokenize
+from .flow.tasks import Embed, LayerWindow, PerplexityRun, Score, Sweep, Tokenize
 
 __all__ = ["Tokenize", "Embed", "LayerWindow", "Score", "PerplexityRun", "Sweep"]

@@ -7,6 +7,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = REPO_ROOT / "configs"
 TASKS = REPO_ROOT / "tasks"
 DATA = REPO_ROOT / "data"
+CORPORA = DATA / "corpora"   # shipped corpora (tracked), with their source notes
 MODELS_CACHE = DATA / "models"
 RUNS = DATA / "runs"
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.llamacpp import llama_cpp_source
+from pipeline.tools.llamacpp import llama_cpp_source
 
 LLAMA_CPP_PYTHON = "0.3.36"
 VOCAB = 384
@@ -35,10 +35,11 @@ runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 
 def write_tokenizer(out: Path) -> None:
     import pydoc_data.topics
+
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.tokenizer import _QWEN2
+    from pipeline.gguf_io.tokenizer import _QWEN2
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([

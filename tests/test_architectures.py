@@ -5,13 +5,14 @@ expert tensors, and the weight bytes a window holds."""
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as Q, quants
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 
-from pipeline.arch import load_architecture
-from pipeline.gguf_file import GGUFIndex
-from pipeline.window import LayerWindow
+from pipeline.gguf_io.reader import GGUFIndex
+from pipeline.model.arch import load_architecture
+from pipeline.model.executor import WindowExecutor
 
-from .conftest import run_pipeline
+from .helpers import run_pipeline
 from .tiny_gguf import rewrite_gguf
 
 ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe"]
@@ -28,7 +29,7 @@ DEFAULT_ATOL = 2e-4
 def forward(path, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     arch = load_architecture(GGUFIndex(path))
     with torch.inference_mode():
-        hidden = LayerWindow(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype))
+        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype))
         return arch.load_head("cpu", torch.float32)(hidden)
 
 
@@ -67,7 +68,7 @@ def nll_without_and_with_reset(path, n_windows: int) -> tuple[float, float]:
     an executor that carries each recurrent layer's state from one window into the next."""
     arch = load_architecture(GGUFIndex(path))
     ids = random_ids(n_windows, 64, seed=2)
-    window = LayerWindow(arch, 0, arch.hp.n_layers, "cpu", torch.float32)
+    window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", torch.float32)
     head = arch.load_head("cpu", torch.float32)
     embedded = arch.embed(ids, "cpu", torch.float32)
     carried: dict = {}
@@ -141,7 +142,7 @@ def test_a_window_holds_only_its_layers_weights(tiny_model, tmp_path):
 
     def layer_bytes(i):  # float32 compute: four bytes per element of the block's tensors
         return sum(4 * int(np.prod(t.shape)) for n, t in index.tensors.items() if n.startswith(f"blk.{i}."))
-    assert LayerWindow(arch, 1, 3, "cpu", torch.float32).weight_bytes == layer_bytes(1) + layer_bytes(2)
+    assert WindowExecutor(arch, 1, 3, "cpu", torch.float32).weight_bytes == layer_bytes(1) + layer_bytes(2)
     r = run_pipeline(tmp_path, model=str(path), ctx=64, chunks=2, window_layers=2)
     assert r["largest_window"] == {"first": 0, "last": 2, "weight_bytes": layer_bytes(0) + layer_bytes(1)}
 

@@ -9,10 +9,9 @@ import pytest
 from gguf import GGMLQuantizationType
 
 from pipeline import LayerWindow, Tokenize
-from pipeline.boundary import ChunkedArray
+from pipeline.store.arrays import ChunkedArray
 
-from .conftest import HEAD40K, run_pipeline
-from .test_cli import assert_one_line_error, luigi_cli, tree_digest
+from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline, tree_digest
 from .tiny_gguf import write_tiny_gguf
 
 SMALL = ["--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128", "--chunks", "4", "--window-layers", "10",

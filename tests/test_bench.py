@@ -1,9 +1,9 @@
 """The benchmark's parsing and bookkeeping (the benchmark itself runs outside CI)."""
 import pytest
 
-from pipeline.bench import _split
 from pipeline.errors import UserError
-from pipeline.llamacpp import parse_final_estimate
+from pipeline.tools.bench import _split
+from pipeline.tools.llamacpp import parse_final_estimate
 
 # the closing lines llama-perplexity printed for SmolLM2, head40k, ctx 512, --chunks 4
 LLAMA_OUTPUT = """[1]13.0665,[2]21.4582,[3]22.6003,[4]22.8855,
@@ -28,9 +28,9 @@ def test_time_split_separates_io_and_scoring():
 
 
 def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path):
-    from pipeline.synthetic import Shape, write_synthetic_gguf
+    from pipeline.tools.synthetic import Shape, write_synthetic_gguf
 
-    from .conftest import run_pipeline
+    from .helpers import run_pipeline
 
     path = write_synthetic_gguf(tmp_path / "synthetic.gguf", Shape(layers=3, hidden=256, ffn=512, heads=4, kv_heads=2),
                                 model_path("smollm2-135m"))
@@ -43,7 +43,7 @@ def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path):
 def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
     import torch
 
-    from pipeline import gpu_check
+    from pipeline.tools import gpu_check
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: run python -m pipeline.gpu_check itself")
@@ -54,9 +54,9 @@ def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
 
 def test_gpu_check_flow_on_the_cpu(capsys, model_path):
     """The check's passes, table and comparisons, with the CPU standing in for the GPU."""
-    from pipeline import gpu_check
+    from pipeline.tools import gpu_check
 
-    from .conftest import HEAD40K
+    from .helpers import HEAD40K
 
     model_path("smollm2-135m")
     cfg = {"corpus": str(HEAD40K), "ctx": 128, "chunks": 2, "device": "cpu", "window_layers": 8,
@@ -71,7 +71,7 @@ def test_gpu_check_flow_on_the_cpu(capsys, model_path):
 
 
 def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
-    from pipeline import bench
+    from pipeline.tools import bench
 
     calls = []
     walls = iter([5.0, 9.0, 1.0, 7.0, 3.0, 8.0])

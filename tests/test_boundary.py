@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.boundary import ChunkedArray, decode, encode
 from pipeline.errors import UserError
+from pipeline.store.arrays import ChunkedArray, decode, encode
 
 
 def test_bfloat16_encoding_rounds_like_torch():

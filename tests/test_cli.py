@@ -1,31 +1,8 @@
 """The command users type: `luigi --module pipeline PerplexityRun ...` from the repository root."""
-import hashlib
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from pipeline.paths import REPO_ROOT
-
-
-def luigi_cli(*args, run_root):
-    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root", str(run_root), *args]
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-
-
-def tree_digest(root: Path) -> dict:
-    """Content hashes of every file of the completed outputs under a run root."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.glob("*/*/**/*")) if p.is_file() and ".partial" not in str(p)}
-
-
-def assert_one_line_error(done, pattern):
-    assert done.returncode != 0
-    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR: layercycle: ")]
-    assert len(errors) == 1 and pattern in errors[0], done.stderr
-    assert "Traceback" not in done.stderr
+from .helpers import assert_one_line_error, luigi_cli
 
 
 def test_default_run_prints_the_result_table(tmp_path):
@@ -58,4 +35,5 @@ def test_cuda_without_cuda(tmp_path):
 def test_tokens_file_outside_the_vocabulary(tmp_path):
     ids = tmp_path / "ids.txt"
     ids.write_text(" ".join(["5"] * 2000 + ["99999"]))
-    assert_one_line_error(luigi_cli("--tokens-file", str(ids), "--ctx", "256", run_root=tmp_path), "outside the vocabulary")
+    done = luigi_cli("--tokens-file", str(ids), "--ctx", "256", run_root=tmp_path)
+    assert_one_line_error(done, "outside the vocabulary")

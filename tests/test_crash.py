@@ -2,7 +2,7 @@
 bit-identical result and redoes at most one chunk per task (counted from the tasks' journals)."""
 import pytest
 
-from pipeline.stress import kill_and_resume, load_settings, result_numbers, run_pass
+from pipeline.tools.stress import kill_and_resume, load_settings, result_numbers, run_pass
 
 FAULTS = [
     "chunk-computed@LayerWindow [10..20)#2",   # a chunk computed, nothing written

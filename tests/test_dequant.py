@@ -2,10 +2,11 @@
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as T, quants
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as T
 
-from pipeline.dequant import BLOCK_DEQUANTIZERS, dequantize
 from pipeline.errors import UserError
+from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, dequantize
 
 QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
@@ -77,7 +78,7 @@ def test_dequantizes_on_the_requested_device():
 def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch):
     """Pieces that end inside a row give gguf-py's float32 values, cast to the compute dtype."""
     block, _ = GGML_QUANT_SIZES[qtype]
-    monkeypatch.setattr("pipeline.dequant.PIECE_VALUES", 3 * block)  # rows are 5 blocks long
+    monkeypatch.setattr("pipeline.gguf_io.dequant.PIECE_VALUES", 3 * block)  # rows are 5 blocks long
     raw = random_blocks(qtype, rows=7, row_blocks=5, seed=11)
     out = dequantize(raw, qtype, dtype=dtype)
     assert out.dtype == dtype and out.shape == (7, 5 * block)

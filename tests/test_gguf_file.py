@@ -4,7 +4,7 @@ import pytest
 from gguf import GGUFReader, GGUFValueType
 
 from pipeline.errors import UserError
-from pipeline.gguf_file import GGUFIndex, StringArray
+from pipeline.gguf_io.reader import GGUFIndex, StringArray
 
 
 def test_index_matches_gguf_reader(model_path):
@@ -47,7 +47,7 @@ def test_real_tensors_dequantize_like_gguf(model_path):
     """Every tensor type the real models use, one tensor each, against gguf-py."""
     from gguf import quants
 
-    from pipeline.dequant import dequantize
+    from pipeline.gguf_io.dequant import dequantize
 
     for alias in ("smollm2-135m", "gemma3-270m", "qwen2.5-0.5b"):
         index = GGUFIndex(model_path(alias))

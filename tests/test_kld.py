@@ -4,10 +4,10 @@ Hugging Face transformers' logits of both files."""
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType as Q, quants
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
 
-from .conftest import run_pipeline
-from .test_cli import assert_one_line_error, luigi_cli
+from .helpers import assert_one_line_error, luigi_cli, run_pipeline
 from .tiny_gguf import rewrite_gguf
 
 CTX, CHUNKS = 128, 2
@@ -34,9 +34,9 @@ def requantized(model_path, tmp_path_factory):
 def test_requantized_copy_matches_a_float64_computation(requantized, model_path, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from pipeline.evaltask import pydoc_topics_text
-    from pipeline.gguf_file import GGUFIndex
-    from pipeline.tokenizer import load_tokenizer
+    from pipeline.gguf_io.reader import GGUFIndex
+    from pipeline.gguf_io.tokenizer import load_tokenizer
+    from pipeline.run.evaltask import pydoc_topics_text
 
     base = model_path("smollm2-135m")
     text = pydoc_topics_text()[:20000]

@@ -8,12 +8,12 @@ real mistake (RoPE pairing, a missing norm or scale, a wrong window) moves logit
 import pytest
 import torch
 
-from pipeline.arch import load_architecture
-from pipeline.gguf_file import GGUFIndex
-from pipeline.tokenizer import load_tokenizer
-from pipeline.window import LayerWindow
+from pipeline.gguf_io.reader import GGUFIndex
+from pipeline.gguf_io.tokenizer import load_tokenizer
+from pipeline.model.arch import load_architecture
+from pipeline.model.executor import WindowExecutor
 
-from .conftest import HEAD40K, MODELS
+from .helpers import HEAD40K, MODELS
 
 ATOL = 1e-3
 N_TOKENS = 300
@@ -28,7 +28,7 @@ def test_logits_match_transformers(alias, model_path):
     arch = load_architecture(index)
     ids = torch.tensor([load_tokenizer(index).encode(HEAD40K.read_text(encoding="utf-8")[:4000])[:N_TOKENS]])
     with torch.inference_mode():
-        hidden = LayerWindow(arch, 0, arch.hp.n_layers, "cpu", torch.float32)(arch.embed(ids, "cpu", torch.float32))
+        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", torch.float32)(arch.embed(ids, "cpu", torch.float32))
         ours = arch.load_head("cpu", torch.float32)(hidden[0])
         ref_model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
         ref = ref_model(ids).logits[0]

@@ -6,35 +6,35 @@ import re
 import luigi
 import pytest
 
-from pipeline import memory
-from pipeline.arch import load_architecture
 from pipeline.errors import UserError
-from pipeline.placement import Window
+from pipeline.model.arch import load_architecture
+from pipeline.run import preflight
+from pipeline.run.placement import Window
 
 
 def test_largest_fitting_window_looks_at_every_position():
     per_layer = [1, 5, 1, 1, 1]
-    assert memory.largest_fitting_window(per_layer, fixed=1, budget=9) == 4   # 1+5+1+1 (+1) = 9
-    assert memory.largest_fitting_window(per_layer, fixed=1, budget=8) == 3   # 5+1+1 (+1) = 8
-    assert memory.largest_fitting_window(per_layer, fixed=1, budget=7) == 2   # 5+1 (+1) = 7
-    assert memory.largest_fitting_window(per_layer, fixed=1, budget=5) == 0   # the 5 never fits
+    assert preflight.largest_fitting_window(per_layer, fixed=1, budget=9) == 4   # 1+5+1+1 (+1) = 9
+    assert preflight.largest_fitting_window(per_layer, fixed=1, budget=8) == 3   # 5+1+1 (+1) = 8
+    assert preflight.largest_fitting_window(per_layer, fixed=1, budget=7) == 2   # 5+1 (+1) = 7
+    assert preflight.largest_fitting_window(per_layer, fixed=1, budget=5) == 0   # the 5 never fits
 
 
 def test_refusal_names_the_need_and_the_window_that_fits():
     windows = [Window("cpu", 0, 4)]
     with pytest.raises(UserError, match=r"need about 4\.5 GiB .* but 3\.0 GiB are available; --window-layers 2 fits"):
-        memory.check_windows_fit(windows, [2 ** 30] * 4, 2 ** 29, {"cpu": "float32"}, {"cpu": 3 * 2 ** 30})
+        preflight.check_windows_fit(windows, [2 ** 30] * 4, 2 ** 29, {"cpu": "float32"}, {"cpu": 3 * 2 ** 30})
 
 
 def a_third_of_the_trunk_fits(run, monkeypatch) -> int:
     """The CPU's memory, from now on, holds a third of the run's float32 trunk (of how many layers)."""
     windows = run.placement()                                     # fits this machine
     s = run.spec()
-    per_layer = [memory.layer_weight_bytes(s.gguf, i, 4) for i in range(windows[-1].last)]
+    per_layer = [preflight.layer_weight_bytes(s.gguf, i, 4) for i in range(windows[-1].last)]
     n_head = load_architecture(s.gguf).hp.n_head
-    fixed = memory.RUNTIME_BYTES + memory.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
-    monkeypatch.setattr(memory, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
-    monkeypatch.setattr(memory, "check_head_fits", lambda *args: None)  # the head has its own test
+    fixed = preflight.RUNTIME_BYTES + preflight.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
+    monkeypatch.setattr(preflight, "check_head_fits", lambda *args: None)  # the head has its own test
     return len(per_layer)
 
 
@@ -67,22 +67,21 @@ def test_the_command_refuses_it_in_one_line(monkeypatch, tmp_path, caplog):
 
 
 def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
-    from pipeline.gguf_file import GGUFIndex
+    from pipeline.gguf_io.reader import GGUFIndex
 
     gguf = GGUFIndex(model_path("gemma3-270m"))  # tied head: token_embd, 262144 x 640 (0.625 GiB);
     # with the runtime's 0.5 GiB and the 0.25 GiB of a logits block, 1.4 GiB
     head = 4 * 262144 * 640
-    memory.check_head_fits(gguf, "cpu", "float32", 4, memory.RUNTIME_BYTES + head + 2 ** 30)
+    preflight.check_head_fits(gguf, "cpu", "float32", 4, preflight.RUNTIME_BYTES + head + 2 ** 30)
     with pytest.raises(UserError, match=r"the LM head \(token_embd.weight\) on cpu needs about 1\.4 GiB "
                                         r"\(0\.6 GiB of float32 weights\) .* --compute-dtype bfloat16 halves it"):
-        memory.check_head_fits(gguf, "cpu", "float32", 4, head)
+        preflight.check_head_fits(gguf, "cpu", "float32", 4, head)
 
 
 def test_window_tasks_hold_flat_memory_below_the_whole_trunk(tmp_path):
     """Each window task's peak RSS (its own, in the one worker process a user's run has) is the
     same from the first window to the last and well below the whole trunk's."""
-    from .conftest import HEAD40K
-    from .test_cli import luigi_cli
+    from .helpers import HEAD40K, luigi_cli
 
     def window_peaks(window_layers: int) -> list[float]:
         root = tmp_path / str(window_layers)

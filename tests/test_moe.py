@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.arch.ffn import MLP, MoE, Routing, relu2, route
+from pipeline.model.arch.ffn import MLP, MoE, Routing, relu2, route
 
 F64 = dict(dtype=torch.float64)
 E, H, FF = 6, 16, 8

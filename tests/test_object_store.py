@@ -10,20 +10,15 @@ import time
 
 import pytest
 
-from pipeline import outputs
 from pipeline.errors import UserError
 from pipeline.paths import location
-from pipeline.stress import kill_and_resume, load_settings, result_numbers, run_pass
+from pipeline.store import outputs
+from pipeline.tools.stress import kill_and_resume, load_settings, result_numbers, run_pass
 
-from .test_cli import assert_one_line_error, luigi_cli
+from .helpers import assert_one_line_error, free_port, luigi_cli
 
 BUCKET = "layercycle-runs"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

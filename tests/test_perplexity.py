@@ -1,8 +1,8 @@
 """Perplexity through the whole windowed pipeline against llama-perplexity's figures
-(../shared/reference/llama-perplexity.md), and cycled == whole, bit for bit, on the CPU."""
+(tests/data/llama-perplexity.md), and cycled == whole, bit for bit, on the CPU."""
 import pytest
 
-from .conftest import HEAD40K, MODELS, run_pipeline
+from .helpers import HEAD40K, MODELS, run_pipeline
 
 # running estimates after each 512-token chunk of head40k (llama-perplexity, ctx 512)
 SMOLLM2_RUNNING = [13.0665, 21.4582, 22.6003, 22.8855, 22.3709, 22.5590, 23.2911, 24.5958]
@@ -53,7 +53,7 @@ def test_bfloat16_boundaries_change_little(tmp_path):
 
 
 def test_float16_boundaries_refused_for_gemma3(tmp_path):
-    from .test_cli import assert_one_line_error, luigi_cli
+    from .helpers import assert_one_line_error, luigi_cli
 
     done = luigi_cli("--model", "gemma3-270m", "--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128",
                      "--chunks", "4", "--boundary-dtype", "float16", run_root=tmp_path)

@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.placement import Window, check_tiling, describe, plan_placement
+from pipeline.run.placement import Window, check_tiling, describe, plan_placement
 
 
 def test_cycling_windows_tile_the_trunk():

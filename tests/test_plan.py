@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.plan import Method, plan_windows
+from pipeline.run.corpus_plan import Method, plan_windows
 
 
 def test_llama_cpp_windows_bos_and_scored_half():

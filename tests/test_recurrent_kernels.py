@@ -4,8 +4,8 @@ multiples of the chunk)."""
 import pytest
 import torch
 
-from pipeline.arch.delta_net import delta_rule_chunked, delta_rule_reference, l2_norm
-from pipeline.arch.ssm import causal_conv1d, ssd_chunked, ssd_reference
+from pipeline.model.arch.delta_net import delta_rule_chunked, delta_rule_reference, l2_norm
+from pipeline.model.arch.ssm import causal_conv1d, ssd_chunked, ssd_reference
 
 F64 = dict(dtype=torch.float64)
 TOL = dict(rtol=0, atol=1e-10)

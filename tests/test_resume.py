@@ -3,9 +3,9 @@ and the result is bit-identical to the uninterrupted run."""
 import json
 import shutil
 
-from pipeline import outputs
+from pipeline.store import outputs
 
-from .conftest import HEAD40K, run_pipeline
+from .helpers import HEAD40K, run_pipeline
 
 
 def test_interrupted_window_recomputes_only_missing_chunks(tmp_path):

@@ -13,6 +13,8 @@ import pytest
 from pipeline import Sweep
 from pipeline.paths import CONFIGS, REPO_ROOT
 
+from .helpers import free_port
+
 SWEEP = """
 models = ["smollm2-135m"]
 ctx = [64, 128]
@@ -21,11 +23,6 @@ chunks = 2
 out = "{out}"
 """
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -64,7 +61,8 @@ def test_two_workers_share_one_scheduler(luigid, tmp_path):
     workers = [subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True) for _ in range(2)]
     logs = [w.communicate(timeout=900)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), "\n".join(f"{w.returncode}: {log[-3000:]}" for w, log in zip(workers, logs))
+    failures = "\n".join(f"{w.returncode}: {log[-3000:]}" for w, log in zip(workers, logs))
+    assert all(w.returncode == 0 for w in workers), failures
     assert sum("4 runs:" in log for log in logs) >= 1
     journals = list((tmp_path / "runs").glob("*/*/journal.log"))
     assert journals

@@ -1,9 +1,9 @@
 """The LM head applied one vocabulary slice at a time gives what a full log-softmax gives."""
 import torch
 
-from pipeline import scoring
-from pipeline.arch.base import Head
-from pipeline.kld import token_stats
+from pipeline.model import scoring
+from pipeline.model.arch.base import Head
+from pipeline.model.kld import token_stats
 
 
 def random_head(vocab: int, hidden: int, seed: int) -> Head:

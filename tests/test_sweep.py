@@ -4,7 +4,7 @@ import csv
 import luigi
 
 from pipeline import Sweep
-from pipeline.sweep import grid, load_sweep
+from pipeline.flow.sweep import grid, load_sweep
 
 SWEEP = """
 name = "t"

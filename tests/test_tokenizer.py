@@ -1,10 +1,10 @@
-"""Token ids equal llama.cpp's (dumps and counts in ../shared/reference)."""
+"""Token ids equal llama.cpp's (dumps and counts in tests/data/)."""
 import pytest
 
-from pipeline.gguf_file import GGUFIndex
-from pipeline.tokenizer import load_tokenizer
+from pipeline.gguf_io.reader import GGUFIndex
+from pipeline.gguf_io.tokenizer import load_tokenizer
 
-from .conftest import HEAD40K, REFERENCE_NAMES, SHARED
+from .helpers import HEAD40K, REFERENCE, REFERENCE_NAMES
 
 # llama-tokenize over the whole head40k file, BOS included where the model adds one
 HEAD40K_COUNTS = {"smollm2-135m": 9471, "gemma3-270m": 9226, "qwen2.5-0.5b": 9300}
@@ -14,7 +14,7 @@ HEAD40K_COUNTS = {"smollm2-135m": 9471, "gemma3-270m": 9226, "qwen2.5-0.5b": 930
 def test_ids_equal_llama_cpp(alias, model_path):
     tok = load_tokenizer(GGUFIndex(model_path(alias)))
     text = HEAD40K.read_text(encoding="utf-8")
-    dump = SHARED / "reference" / f"llama-tokenize.{REFERENCE_NAMES[alias]}.head2000.txt"
+    dump = REFERENCE / f"llama-tokenize.{REFERENCE_NAMES[alias]}.head2000.txt"
     assert tok.encode(text[:2000]) == [int(x) for x in dump.read_text().split()]
     assert len(tok.encode(text)) == HEAD40K_COUNTS[alias]
 

@@ -2,12 +2,12 @@
 over instead of allocating (and page-faulting) its own; no other task keeps it."""
 import torch
 
-from pipeline import weight_block
-from pipeline.arch import load_architecture
-from pipeline.gguf_file import open_gguf
-from pipeline.window import LayerWindow
+from pipeline.gguf_io.reader import open_gguf
+from pipeline.model import weight_block
+from pipeline.model.arch import load_architecture
+from pipeline.model.executor import WindowExecutor
 
-from .conftest import HEAD40K, run_pipeline
+from .helpers import HEAD40K, run_pipeline
 
 
 def smollm2(model_path):
@@ -18,7 +18,7 @@ def smollm2(model_path):
 
 def test_every_weight_of_a_window_is_in_its_block(model_path):
     arch, _ = smollm2(model_path)
-    window = LayerWindow(arch, 0, 2, "cpu", torch.float32)
+    window = WindowExecutor(arch, 0, 2, "cpu", torch.float32)
     block = window.weights
     assert block.used == block.data.numel() >= window.weight_bytes  # room for each tensor, all taken
     norm = window.layers[0].steps[0].norm
@@ -30,20 +30,20 @@ def test_every_weight_of_a_window_is_in_its_block(model_path):
 
 def test_the_next_window_of_that_size_takes_it_over_with_the_same_numbers(model_path):
     arch, x = smollm2(model_path)
-    first = LayerWindow(arch, 0, 2, "cpu", torch.float32)
+    first = WindowExecutor(arch, 0, 2, "cpu", torch.float32)
     hidden = first(x)
     block = first.weights
     first.release()
-    second = LayerWindow(arch, 2, 4, "cpu", torch.float32)
+    second = WindowExecutor(arch, 2, 4, "cpu", torch.float32)
     assert second.weights is block                       # taken over, not allocated
     taken_over = second(hidden)
     second.release()
     weight_block.drop_kept()
-    fresh = LayerWindow(arch, 2, 4, "cpu", torch.float32)
+    fresh = WindowExecutor(arch, 2, 4, "cpu", torch.float32)
     assert fresh.weights is not block
     assert torch.equal(fresh(hidden), taken_over)
     fresh.release()
-    other_size = LayerWindow(arch, 4, 7, "cpu", torch.float32)
+    other_size = WindowExecutor(arch, 4, 7, "cpu", torch.float32)
     assert other_size.weights.data.numel() != block.data.numel()
     other_size.release()
     weight_block.drop_kept()

@@ -1,0 +1,1 @@
+"""The only Luigi-aware code: the tasks, the sweep, the report and the console output."""

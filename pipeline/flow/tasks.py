@@ -1,0 +1,631 @@
+"""Luigi tasks: Tokenize -> Embed -> LayerWindow (one per window) -> Score -> PerplexityRun.
+
+Tasks are thin: parameters, `requires`, `output`, `run`; the work lives in the modules they
+call. Each output folder is named by a hash of everything that changes its numbers plus the
+hashes of its upstream outputs, so a changed option can never reuse a stale result.
+"""
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+
+import luigi
+import numpy as np
+from gguf import Keys
+
+from ..errors import UserError
+from ..paths import RUNS, location
+from ..run.placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
+from ..run.spec import resolve_run
+from ..store import outputs
+from ..store.faults import failpoint
+from ..store.timing import Stopwatch, device_peak_mb, peak_rss_mb, reset_device_peak, reset_peak_rss
+from . import console
+
+log = logging.getLogger("layercycle")
+
+
+class CompleteOutput(luigi.Target):
+    """A task's output folder, which exists for Luigi once its manifest is written."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def exists(self) -> bool:
+        return outputs.is_complete(self.path)
+
+
+class RunTask(luigi.Task):
+    """Parameters every task of a run shares: model, corpus and scoring method."""
+    model = luigi.Parameter(default="smollm2-135m", description="alias from configs/models.toml or a GGUF path")
+    task = luigi.Parameter(default="python-docs", description="evaluation task in tasks/")
+    corpus = luigi.Parameter(default="", description="corpus text file (overrides the task's corpus)")
+    tokens_file = luigi.Parameter(default="", description="pre-tokenized ids (.npy or whitespace-separated)")
+    method = luigi.Parameter(default="", description="llama-cpp or stride (default: the task's)")
+    ctx = luigi.IntParameter(default=0, description="tokens per corpus window (default: the task's)")
+    stride = luigi.IntParameter(default=0, description="stride method: tokens between windows (default ctx/2)")
+    unscored_prefix = luigi.IntParameter(default=-1, description="llama-cpp: unscored positions (default ctx/2)")
+    chunks = luigi.IntParameter(default=-1, description="corpus windows to score, 0 = all (default: the task's)")
+    bos = luigi.ChoiceParameter(choices=["auto", "yes", "no"], default="auto", description="BOS handling")
+    windows_per_chunk = luigi.IntParameter(default=4, description="corpus windows per Zarr chunk and batch")
+    run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
+    keep_boundaries = luigi.BoolParameter(default=False, significant=False,
+                                          description="keep boundaries after their consumer completed")
+
+    def __init__(self, *args, **kwargs):
+        console.install()  # a process that makes tasks runs them: its console is set up once
+        super().__init__(*args, **kwargs)
+
+    def spec(self):
+        return resolve_run(self.model, self.task, self.corpus, self.tokens_file, self.method, self.ctx,
+                           self.stride, self.unscored_prefix, self.chunks, self.bos)
+
+
+class OutputTask(RunTask):
+    """A task that computes an output folder. Its Luigi task id is the folder's name, so the
+    tasks of several runs that compute one output (the Embed of a cycled and of a whole-trunk
+    run) are one task to the scheduler, run once by one worker."""
+    reuses_weights = False  # takes over the weight block the last window left (weight_block.py)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        try:
+            self.task_id = f"{self.task_family}_{self.out_dir().name}"
+        except UserError:
+            return  # an option that cannot be resolved is reported by run(), in one line
+        self._Task__hash = hash(self.task_id)  # luigi.Task hashes its task id once, in __init__
+
+    # -- identity and output ---------------------------------------------------------------
+    def identity(self) -> dict:
+        """What changes this task's numbers, besides its upstream outputs."""
+        raise NotImplementedError
+
+    def out_dir(self) -> Path:
+        # named once per task object (Luigi keeps one per parameter set), so the chain of
+        # windows above a task is hashed once, not again for every task below it
+        if "_out_dir" not in self.__dict__:
+            upstream = [t.out_dir().name for t in luigi.task.flatten(self.requires())]
+            blob = json.dumps({"task": self.task_family, "identity": self.identity(), "upstream": upstream},
+                              sort_keys=True)
+            digest = hashlib.sha256(blob.encode()).hexdigest()[:16]
+            self._out_dir = location(self.run_root) / self.task_family / digest
+        return self._out_dir
+
+    def output(self):
+        return CompleteOutput(self.out_dir())
+
+    def complete(self) -> bool:
+        # an option that cannot be resolved is reported by run(), in one line, not here
+        try:
+            return super().complete()
+        except UserError:
+            return False
+
+    def run(self):
+        # An input that another consumer removed after this task was scheduled is recomputed
+        # first: Luigi runs what run() yields, then resumes it (luigi.cfg turns off Luigi's own
+        # check, which would fail the task instead). Inputs are read under a shared lock, so
+        # they are not removed while this task reads them.
+        inputs = self.inputs_read()
+        while True:
+            missing = [t for t in inputs if not t.complete()]
+            if missing:
+                yield missing
+            with contextlib.ExitStack() as reading:
+                for t in inputs:
+                    reading.enter_context(outputs.reading(t.out_dir(), reader=self.out_dir().name))
+                if all(t.complete() for t in inputs):  # else removed between the check and the lock
+                    self.execute_once()
+                    break
+        self.release_input()
+
+    def execute_once(self) -> None:
+        """execute() under this output's lock, unless another process finished it meanwhile."""
+        shared = not luigi.interface.core().local_scheduler  # several workers, one luigid
+        with outputs.disk_errors(self.run_root), outputs.locked(self.out_dir(), self.task_family, wait=shared):
+            if not self.complete():
+                self.started, self.clock = time.time(), Stopwatch()
+                self.prepare()
+                if not self.reuses_weights:
+                    from ..model.weight_block import drop_kept
+
+                    drop_kept()
+                reset_peak_rss()
+                self.execute()
+
+    def inputs_read(self) -> list:
+        """Upstream outputs whose data this task reads while it runs."""
+        return []
+
+    def prepare(self) -> None:
+        """What the process needs before this task runs (PlacedTask: settings for compute)."""
+
+    def release_input(self) -> None:
+        """What a task does once its output is complete (PlacedTask: free the consumed boundary)."""
+
+    def execute(self) -> None:
+        raise NotImplementedError
+
+    def begin(self) -> Path:
+        if self.windows_per_chunk < 1:
+            raise UserError(f"--windows-per-chunk must be >= 1, got {self.windows_per_chunk}")
+        return outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
+                                              "identity": self.identity()})
+
+    def commit(self, **manifest) -> None:
+        s = self.spec()
+        run = {"model": {"path": str(s.model_path), "sha256": s.model_sha256}, "corpus": s.corpus_id,
+               "method": s.method.as_dict()}
+        outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(), "run": run,
+                                        "elapsed_s": time.time() - self.started, "peak_rss_mb": peak_rss_mb(),
+                                        "seconds": dict(self.clock.seconds), **manifest},
+                       on_written=lambda: failpoint("manifest-written", self.label()))
+        failpoint("task-committed", self.label())
+
+    def label(self) -> str:
+        return self.task_family
+
+
+class Tokenize(OutputTask):
+    def requires(self):
+        return []
+
+    def identity(self):
+        s = self.spec()
+        return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
+                "windows_per_chunk": self.windows_per_chunk}
+
+    def execute(self):
+        from ..gguf_io.reader import open_gguf
+        from ..gguf_io.tokenizer import load_tokenizer
+        from ..run.corpus_plan import plan_windows
+        from ..run.evaltask import corpus_text
+        from ..run.spec import read_tokens_file
+        from ..store.arrays import save_plan
+
+        s = self.spec()
+        work = self.begin()
+        if s.tokens_file:
+            tokens = read_tokens_file(s.tokens_file)
+        else:
+            text, _ = corpus_text(s.eval_task, s.corpus)
+            tokens = np.array(load_tokenizer(open_gguf(str(s.model_path))).encode(text, add_bos=s.method.bos),
+                              dtype=np.int32)
+        vocab = s.gguf.metadata[Keys.Tokenizer.LIST].count
+        if tokens.size and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
+            raise UserError(f"token ids range over [{tokens.min()}, {tokens.max()}], outside the vocabulary of {vocab}")
+        plan = plan_windows(tokens, s.method, s.bos_id)
+        attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
+                 "method": s.method.as_dict()}
+        save_plan(work / "tokens.zarr", tokens, plan, self.windows_per_chunk, attrs)
+        log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_windows} of {plan.available} windows of "
+                 f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
+        self.commit(n_tokens=int(tokens.size), n_windows=plan.n_windows,
+                    available_windows=plan.available, tokens_scored=plan.tokens_scored)
+
+
+class PlacedTask(OutputTask):
+    """A task that belongs to one layer placement."""
+    placement = luigi.Parameter(description="layer windows, e.g. cpu:0:4,cpu:4:8 (set by PerplexityRun)")
+    compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                                          description="auto: float32 on the CPU, bfloat16 on CUDA")
+    boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32",
+                                           description="how boundaries are stored on disk")
+    shards = luigi.IntParameter(default=1, description="independent chains the corpus is split into")
+    shard = luigi.IntParameter(default=0, description="which of them this task belongs to")
+
+    def windows(self):
+        return parse_placement(self.placement)
+
+    def corpus_windows(self, n_windows: int) -> range:
+        """The corpus windows of this task's shard: whole Zarr chunks, so that every batch, and
+        so every number, is the one a single chain computes."""
+        n_chunks = -(-n_windows // self.windows_per_chunk)
+        first, last = (n_chunks * k // self.shards * self.windows_per_chunk for k in (self.shard, self.shard + 1))
+        return range(first, min(last, n_windows))
+
+    def shard_identity(self) -> dict:
+        return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
+
+    def device(self) -> str:
+        return "cpu"
+
+    @property
+    def resources(self) -> dict:
+        """A task placed on CUDA holds one `gpu` of the scheduler's pool (configs/luigid.cfg)."""
+        return {"gpu": 1} if self.device() == "cuda" else {}
+
+    def complete(self) -> bool:
+        # a boundary removed once its consumer completed must be recomputed for a new consumer
+        return super().complete() and not outputs.read_manifest(self.out_dir()).get("boundary_removed")
+
+    def source_task(self):
+        """The task whose boundary this one consumes."""
+        return self.requires()
+
+    def inputs_read(self) -> list:
+        return [t for t in luigi.task.flatten(self.requires()) if isinstance(t, PlacedTask)]
+
+    def prepare(self) -> None:
+        from ..model.process import prepare_for_compute
+
+        prepare_for_compute()
+
+    def release_input(self) -> None:
+        """Remove the boundary this task consumed, now that its own output is complete; it stays
+        while another consumer (of any process) reads it, and a later one recomputes it."""
+        source = self.source_task()
+        if isinstance(source, PlacedTask) and not self.keep_boundaries:
+            outputs.remove_data(source.out_dir(), "boundary.zarr", "boundary_removed")
+
+    def dtype_name(self, device: str) -> str:
+        return compute_dtype_name(self.compute_dtype, device)
+
+    def boundary_task(self, last: int):
+        """The task whose output is the boundary at layer `last`."""
+        if last == 0:
+            return self.clone(Embed)
+        window = next(w for w in self.windows() if w.last == last)
+        return self.clone(LayerWindow, first=window.first, last=window.last)
+
+    def input_boundary(self, upstream=None):
+        """The boundary this task reads (of `upstream`, by default the one it consumes), checked
+        to be the one that task wrote."""
+        from ..store.arrays import ChunkedArray
+
+        upstream = upstream or self.source_task()
+        boundary = ChunkedArray.open(upstream.out_dir() / "boundary.zarr")
+        if boundary.attrs.get("output") != upstream.out_dir().name:
+            raise UserError(f"{boundary.path} was written by another run (output "
+                            f"{boundary.attrs.get('output')}), not by {upstream.label()} of this one")
+        return boundary
+
+    def plan(self):
+        from ..store.arrays import load_plan
+
+        tokenize = self.clone(Tokenize)
+        return load_plan(tokenize.out_dir() / "tokens.zarr")
+
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load) -> dict:
+        """Write the chunks of this task's array at `path` that are missing or damaged
+        (store/chunk_writer.py), resuming what an interrupted run of this task left."""
+        from ..store.chunk_writer import fill, resumable_array
+
+        out = resumable_array(path, shape, self.windows_per_chunk, dtype,
+                              {"identity": self.identity(), "output": self.out_dir().name})
+        label = self.label()
+        return fill(out, read, load, label, self.clock,
+                    progress=lambda *args: console.show_progress(self, label, *args))
+
+
+class Embed(PlacedTask):
+    def requires(self):
+        return self.clone(Tokenize)
+
+    def identity(self):
+        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype, **self.shard_identity()}
+
+    def execute(self):
+        import torch
+
+        from ..model.arch import load_architecture
+
+        s = self.spec()
+        work = self.begin()
+        arch = load_architecture(s.gguf)
+        plan, _ = self.plan()
+        mine = self.corpus_windows(plan.n_windows)
+        shape = (len(mine), s.method.ctx, arch.hp.hidden)
+        self.check_disk(shape)
+        per = self.windows_per_chunk
+
+        def read(i):  # [windows, ctx] token ids
+            return torch.from_numpy(plan.ids[mine.start + i * per:min(mine.start + (i + 1) * per, mine.stop)]
+                                    .astype(np.int64))
+
+        def compute(i, ids):
+            return arch.embed(ids, "cpu", torch.float32).numpy()
+
+        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, read, lambda: compute))
+
+    def check_disk(self, shape: tuple[int, int, int]) -> None:
+        """Refuse a pass whose boundaries (and scores) cannot fit on the run root's disk."""
+        alive = len(self.windows()) + 1 if self.keep_boundaries else 2
+        width = 4 if self.boundary_dtype == "float32" else 2
+        need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1]
+        free = outputs.free_bytes(location(self.run_root))
+        if free is not None and need > free:
+            raise UserError(f"the pass needs about {need / 2**30:.2f} GiB under {self.run_root} "
+                            f"({alive} boundaries of {shape}) but {free / 2**30:.2f} GiB are free")
+
+
+class LayerWindow(PlacedTask):
+    first = luigi.IntParameter()
+    last = luigi.IntParameter()
+    reuses_weights = True
+
+    def requires(self):
+        return self.boundary_task(self.first)
+
+    def device(self) -> str:
+        return next(w.device for w in self.windows() if w.first == self.first)
+
+    def identity(self):
+        return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
+                "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
+                **self.shard_identity()}
+
+    def label(self):
+        return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
+
+    def execute(self):
+        import torch
+
+        from ..model.arch import load_architecture
+        from ..model.executor import WindowExecutor
+        from ..run.preflight import layer_weight_bytes
+
+        device = resolve_device(self.device())
+        reset_device_peak(device)
+        work = self.begin()
+        source = self.input_boundary()
+        dtype = getattr(torch, self.dtype_name(device))
+        loaded = []
+
+        def load():
+            loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
+            return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
+
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk, load)
+        peak = device_peak_mb(device)
+        if loaded:
+            loaded[0].release()
+            weight_bytes = loaded[0].weight_bytes
+        else:  # every chunk was there already: the weights were never loaded
+            weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype.itemsize)
+                               for i in range(self.first, self.last))
+        self.commit(device=device, weight_bytes=weight_bytes, device_peak_mb=peak, **stats)
+
+
+class Score(PlacedTask):
+    """Output norm + LM head over the last boundary: NLL per scored token, and with a KL base
+    the per-token KL-divergence figures against the base's last boundary (kld.py)."""
+    kl_base = luigi.Parameter(default="", description="base model of the KL-divergence (set by PerplexityRun)")
+    base_placement = luigi.Parameter(default="", description="the base model's layer windows")
+
+    def requires(self):
+        return [self.source_task()] + ([self.base_task()] if self.kl_base else [])
+
+    def source_task(self):
+        return self.boundary_task(self.windows()[-1].last)
+
+    def base_task(self):
+        """The base model's last window, whose boundary stays for every run compared with it."""
+        last = parse_placement(self.base_placement)[-1]
+        return self.clone(LayerWindow, model=self.kl_base, placement=self.base_placement,
+                          first=last.first, last=last.last)
+
+    def device(self) -> str:
+        return self.windows()[-1].device
+
+    def identity(self):
+        identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
+                    **self.shard_identity()}
+        if self.kl_base:
+            identity["kl_base"] = self.base_task().spec().model_sha256
+        return identity
+
+    def execute(self):
+        import torch
+
+        from ..model import kld
+        from ..model.arch import load_architecture
+        from ..model.scoring import window_scores
+
+        device = resolve_device(self.device())
+        dtype = getattr(torch, self.dtype_name(device))
+        work = self.begin()
+        plan, _ = self.plan()
+        sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
+        n, ctx, _ = sources[0].array.shape
+        offset = self.corpus_windows(plan.n_windows).start
+        fields = kld.FIELDS if self.kl_base else ("nll",)
+
+        def load():
+            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
+            heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
+
+            def compute(i, hidden):
+                # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
+                hidden = [torch.from_numpy(h) for h in hidden]
+                out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
+                for j, local in enumerate(range(*sources[0].windows(i).indices(n))):
+                    w = offset + local
+                    lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
+                    out[j, lo:hi] = window_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
+                return out
+            return compute
+
+        stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
+                          lambda i: [s.read_chunk(i) for s in sources], load)
+        self.commit(device=device, fields=list(fields), **stats)
+
+    def scored(self) -> list[np.ndarray]:
+        """The completed output: per corpus window of the shard, [scored tokens, fields]."""
+        plan, _ = self.plan()
+        offset = self.corpus_windows(plan.n_windows).start
+        rows = _read_all(self.out_dir() / "tokens.zarr")
+        return [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(rows, start=offset)]
+
+
+def score_result(scores: list) -> dict:
+    """PPL, per-window figures (and KLD) over the shards' Score outputs, in corpus order."""
+    from ..model import kld
+    from ..model.scoring import summarize
+
+    scored = [rows for s in scores for rows in s.scored()]
+    result = summarize([rows[:, 0] for rows in scored])
+    if scores[0].kl_base:
+        result["kld"] = kld.summarize(np.concatenate(scored))
+    return result
+
+
+def _read_all(path: Path) -> np.ndarray:
+    from ..store.arrays import ChunkedArray
+
+    store = ChunkedArray.open(path)
+    return np.concatenate([store.read_chunk(i) for i in range(store.n_chunks)])
+
+
+class PerplexityRun(RunTask):
+    """The entry point: places the layers, runs the chain, prints and writes the result."""
+    window_layers = luigi.IntParameter(default=4, description="layers per window (0: the whole trunk at once)")
+    gpu_layers = luigi.IntParameter(default=-1, description="layers on the device; the rest run on the CPU")
+    first_layer = luigi.IntParameter(default=0, description="with --gpu-layers: first layer on the device")
+    device = luigi.ChoiceParameter(choices=["auto", "cpu", "cuda"], default="auto", significant=False,
+                                   description="device for the placed windows")
+    compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
+    per_window = luigi.BoolParameter(default=False, description="print per-window NLL and running PPL")
+    result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
+    kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
+                                                      "(alias, GGUF path, or the result JSON of its run)")
+    shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
+                                                       "(each reads every layer's weights once)")
+
+    def placement(self, check_memory: bool = True) -> list:
+        """The layer windows; before a pass (not when reporting one) checked against memory."""
+        from ..model.arch import load_architecture
+        from ..run.preflight import preflight
+
+        s = self.spec()
+        hp = load_architecture(s.gguf).hp
+        windows = plan_placement(hp.n_layers, self.window_layers, self.gpu_layers, self.first_layer,
+                                 resolve_device(self.device))
+        check_tiling(windows, hp.n_layers)
+        if check_memory:
+            dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
+            preflight(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
+        return windows
+
+    def base_model(self) -> str:
+        """--kl-base as a model: a result JSON names the model of its run."""
+        if self.kl_base.endswith(".json") and Path(self.kl_base).is_file():
+            return json.loads(Path(self.kl_base).read_text())["model"]["path"]
+        return self.kl_base
+
+    def score_tasks(self, check_memory: bool = True) -> list:
+        """The Score task of each shard (one unless --shards)."""
+        if self.shards < 1:
+            raise UserError(f"--shards must be >= 1, got {self.shards}")
+        params = {"placement": format_placement(self.placement(check_memory))}
+        if self.kl_base:
+            base = self.clone(PerplexityRun, model=self.base_model(), kl_base="")
+            if base.spec().tokenizer_id != self.spec().tokenizer_id:
+                raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
+                                f"compares distributions over the same vocabulary")
+            params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory))}
+        return [self.clone(Score, shard=k, **params) for k in range(self.shards)]
+
+    def requires(self):
+        try:
+            return self.score_tasks()
+        except UserError:
+            return []  # run() reports it
+
+    def complete(self) -> bool:
+        return False  # always prints its report, from the cached chain when that is complete
+
+    def result(self) -> dict:
+        """The result of the completed chain (README: "Options", the JSON keys)."""
+        from .report import build_result
+
+        scores = self.score_tasks(check_memory=False)
+        windows = scores[0].windows()
+        chain = _chain(scores)
+        dtypes = sorted({scores[0].dtype_name(w.device) for w in windows})
+        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype, "shards": self.shards}
+        return build_result(self.spec(), windows, scores, score_result(scores), chain, numerics)
+
+    def run(self):
+        from .report import print_report
+
+        if not all(t.complete() for t in self.score_tasks(check_memory=False)):
+            self.score_tasks()  # requires() found no chain to run: say why (the memory preflight)
+        result = self.result()
+        print_report(result, per_window=self.per_window)
+        if self.result_json:
+            path = location(self.result_json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            outputs.write_json(path, result)
+
+
+def compute_dtype_name(choice: str, device: str) -> str:
+    """--compute-dtype auto is float32 on the CPU (exact) and bfloat16 on CUDA."""
+    if choice != "auto":
+        return choice
+    return "float32" if device == "cpu" else "bfloat16"
+
+
+def _chain(tasks: list) -> list:
+    """The tasks and every task upstream of them, each output once, as first met: a run's own
+    chain before its KL base's, which shares the Tokenize task."""
+    chain = {}
+    for task in tasks:
+        for t in [task] + _chain(luigi.task.flatten(task.requires())):
+            chain.setdefault(t.out_dir(), t)
+    return list(chain.values())
+
+
+class Sweep(luigi.Task):
+    """A grid of runs from a sweep file (pipeline/sweep.py); writes CSV, Markdown and plots."""
+    config = luigi.Parameter(description="sweep file, e.g. configs/sweeps/example.toml")
+    run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
+    progress = {"total": 0, "done": 0, "pending": set()}   # runs of the sweep being scheduled
+
+    def __init__(self, *args, **kwargs):
+        console.install()
+        super().__init__(*args, **kwargs)
+
+    def runs(self) -> list:
+        from .sweep import grid, load_sweep
+
+        return [PerplexityRun(run_root=self.run_root, **params) for params in grid(load_sweep(self.config))]
+
+    def requires(self):
+        try:
+            scores = [s for run in self.runs() for s in run.score_tasks()]
+        except UserError:
+            return []  # run() reports it
+        pending = {s.out_dir() for s in scores if not s.complete()}
+        Sweep.progress.update(total=len(scores), done=len(scores) - len(pending), pending=pending)
+        log.info(f"Sweep: {len(scores)} runs, {len(scores) - len(pending)} already done")
+        return scores
+
+    def complete(self) -> bool:
+        return False  # always writes its tables, from the cached runs
+
+    def run(self):
+        from ..gguf_io.reader import open_gguf
+        from .sweep import load_sweep, table_row, write_plots, write_tables
+
+        out = load_sweep(self.config)["out"]
+        rows = []
+        for run in self.runs():
+            result = run.result()
+            rows.append(table_row(result, open_gguf(result["model"]["path"])))
+        write_tables(rows, out)
+        plots = write_plots(rows, out)
+        print("\n" + (out / "sweep.md").read_text())
+        print(f"{len(rows)} runs: {', '.join(str(p) for p in [out / 'sweep.csv', out / 'sweep.md', *plots])}")
+
+
+@Score.event_handler(luigi.Event.SUCCESS)
+def _count_sweep_run(task) -> None:
+    p = Sweep.progress
+    if task.out_dir() in p["pending"]:
+        p["pending"].discard(task.out_dir())
+        p["done"] += 1
+        log.info(f"Sweep: {p['done']}/{p['total']} runs done")

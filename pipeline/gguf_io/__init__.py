@@ -1,0 +1,1 @@
+"""The GGUF file: its reader, dequantizers, tokenizer and the registry of models we fetch."""

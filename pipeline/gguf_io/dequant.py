@@ -1,0 +1,203 @@
+"""GGML block formats -> float32 torch tensors, computed on the target device.
+
+Each function takes blocks as uint8 of shape (n_blocks, type_size) and returns float32 of
+shape (n_blocks, block_size), with the same float operations in the same order as gguf-py's
+numpy dequantizers, so the results are bit-identical to `gguf.quants.dequantize`.
+"""
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, quants
+from gguf import GGMLQuantizationType as T
+
+from ..errors import UserError
+
+QK_K = 256
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    # (n, 2) uint8 -> (n, 1) float32
+    return b.contiguous().view(torch.float16).to(torch.float32)
+
+
+def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
+    # (n, k) uint8 -> (n, k/group, 2, group): low nibbles of each group, then high nibbles
+    n = qs.shape[0]
+    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=qs.device).view(1, 1, 2, 1)
+    return (qs.reshape(n, -1, 1, group) >> shifts) & 0x0F
+
+
+def _bits(b: torch.Tensor, width: int, count: int) -> torch.Tensor:
+    # (n, k) uint8 -> (n, k, count): successive `width`-bit fields of each byte, low first
+    shifts = torch.arange(0, width * count, width, dtype=torch.uint8, device=b.device)
+    return (b.unsqueeze(-1) >> shifts) & ((1 << width) - 1)
+
+
+def q4_0(b):
+    n = b.shape[0]
+    d, qs = _f16(b[:, :2]), b[:, 2:]
+    q = _nibbles(qs, 16).reshape(n, -1).to(torch.int8) - 8
+    return d * q.to(torch.float32)
+
+
+def q4_1(b):
+    n = b.shape[0]
+    d, m, qs = _f16(b[:, :2]), _f16(b[:, 2:4]), b[:, 4:]
+    q = _nibbles(qs, 16).reshape(n, -1).to(torch.float32)
+    return d * q + m
+
+
+def _q5_quants(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    # qh (n, 4) little-endian uint32 of high bits, qs (n, 16) -> (n, 32) uint8 in [0, 32)
+    n = qs.shape[0]
+    high = _bits(qh, 1, 8).reshape(n, 32)
+    low = _nibbles(qs, 16).reshape(n, 32)
+    return low | (high << 4)
+
+
+def q5_0(b):
+    d = _f16(b[:, :2])
+    q = _q5_quants(b[:, 2:6], b[:, 6:]).to(torch.int8) - 16
+    return d * q.to(torch.float32)
+
+
+def q5_1(b):
+    d, m = _f16(b[:, :2]), _f16(b[:, 2:4])
+    q = _q5_quants(b[:, 4:8], b[:, 8:]).to(torch.float32)
+    return d * q + m
+
+
+def q8_0(b):
+    d, x = _f16(b[:, :2]), b[:, 2:].contiguous().view(torch.int8).to(torch.float32)
+    return x * d
+
+
+def q2_k(b):
+    n = b.shape[0]
+    scales, qs = b[:, :16], b[:, 16:80]
+    d, dmin = _f16(b[:, 80:82]), _f16(b[:, 82:84])
+    dl = (d * (scales & 0xF).to(torch.float32)).reshape(n, 16, 1)
+    ml = (dmin * (scales >> 4).to(torch.float32)).reshape(n, 16, 1)
+    # (n, 2, 32) -> (n, 2, 4, 32): 2-bit fields, each shift a run of 32 values
+    q = (qs.reshape(n, 2, 1, 32) >> _shifts(b, [0, 2, 4, 6])) & 3
+    q = q.reshape(n, 16, 16).to(torch.float32)
+    return (dl * q - ml).reshape(n, QK_K)
+
+
+def _shifts(like: torch.Tensor, values: list[int]) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.uint8, device=like.device).view(1, 1, -1, 1)
+
+
+def q3_k(b):
+    n = b.shape[0]
+    hmask, qs, scales, d = b[:, :32], b[:, 32:96], b[:, 96:108], _f16(b[:, 108:110])
+    lscales = (scales[:, :8].reshape(n, 1, 8) >> _shifts(b, [0, 4]).view(1, 2, 1)).reshape(n, 16)
+    hscales = (scales[:, 8:].reshape(n, 1, 4) >> _shifts(b, [0, 2, 4, 6]).view(1, 4, 1)).reshape(n, 16)
+    sc = (lscales & 0x0F) | ((hscales & 0x03) << 4)
+    sc = (sc.to(torch.int8) - 32).to(torch.float32)
+    dl = (d * sc).reshape(n, 16, 1)
+    ql = (qs.reshape(n, 2, 1, 32) >> _shifts(b, [0, 2, 4, 6])).reshape(n, 16, 16) & 3
+    qh = (hmask.reshape(n, 1, 1, 32) >> _shifts(b, list(range(8)))).reshape(n, 16, 16) & 1
+    qh = qh ^ 1  # the offset of 4 applies where the mask bit is clear
+    q = (ql.to(torch.int8) - (qh << 2).to(torch.int8)).to(torch.float32)
+    return (dl * q).reshape(n, QK_K)
+
+
+def _k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # (n, 12) packed 6-bit scales and mins -> two (n, 8)
+    n = scales.shape[0]
+    s = scales.reshape(n, 3, 4)
+    d, m, m_d = s[:, 0], s[:, 1], s[:, 2]
+    sc = torch.cat([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], dim=-1)
+    mn = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=-1)
+    return sc, mn
+
+
+def _k_scaled(b):
+    n = b.shape[0]
+    d, dmin = _f16(b[:, :2]), _f16(b[:, 2:4])
+    sc, mn = _k_scale_min(b[:, 4:16])
+    d = (d * sc.to(torch.float32)).reshape(n, -1, 1)
+    dm = (dmin * mn.to(torch.float32)).reshape(n, -1, 1)
+    return d, dm
+
+
+def q4_k(b):
+    n = b.shape[0]
+    d, dm = _k_scaled(b)
+    q = _nibbles(b[:, 16:], 32).reshape(n, -1, 32).to(torch.float32)
+    return (d * q - dm).reshape(n, QK_K)
+
+
+def q5_k(b):
+    n = b.shape[0]
+    d, dm = _k_scaled(b)
+    qh, qs = b[:, 16:48], b[:, 48:]
+    ql = _nibbles(qs, 32).reshape(n, -1, 32)
+    qh = ((qh.reshape(n, 1, 1, 32) >> _shifts(b, list(range(8)))) & 1).reshape(n, -1, 32)
+    q = (ql | (qh << 4)).to(torch.float32)
+    return (d * q - dm).reshape(n, QK_K)
+
+
+def q6_k(b):
+    n = b.shape[0]
+    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], _f16(b[:, 208:210])
+    d = (d * scales.contiguous().view(torch.int8).to(torch.float32)).reshape(n, 16, 1)
+    low = _nibbles(ql, 64).reshape(n, -1, 32)
+    high = ((qh.reshape(n, 2, 1, 32) >> _shifts(b, [0, 2, 4, 6])) & 3).reshape(n, -1, 32)
+    q = (low | (high << 4)).to(torch.int8) - 32
+    q = q.reshape(n, 16, -1).to(torch.float32)
+    return (d * q).reshape(n, QK_K)
+
+
+def f32(b):
+    return b.contiguous().view(torch.float32).clone()
+
+
+def f16(b):
+    return b.contiguous().view(torch.float16).to(torch.float32)
+
+
+def bf16(b):
+    return (b.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
+
+
+BLOCK_DEQUANTIZERS = {
+    T.F32: f32, T.F16: f16, T.BF16: bf16,
+    T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
+    T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
+}
+
+
+# values dequantized per step: the intermediates of a step stay in cache instead of making
+# several passes over (and page-faulting) tensors the size of the weight
+PIECE_VALUES = 1 << 19
+
+
+def dequantize(raw: np.ndarray, qtype: T, device: torch.device | str = "cpu", name: str = "",
+               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
+    """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
+    float32 values cast to `dtype`, piece by piece; into `out` where it is given (a contiguous
+    tensor of that shape, dtype and device)."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
+    if out is None:
+        out = torch.empty(out_shape, dtype=dtype, device=device)
+    fn = BLOCK_DEQUANTIZERS.get(qtype)
+    if fn is None:
+        return out.copy_(_fallback(raw, qtype, device, name).reshape(out_shape))
+    blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]
+    flat = out.view(blocks.shape[0], block)                              # [n_blocks, block]
+    step = max(PIECE_VALUES // block, 1)
+    for start in range(0, blocks.shape[0], step):
+        # copying out of the read-only file map also makes the bytes contiguous and writable
+        piece = torch.from_numpy(np.array(blocks[start:start + step], copy=True)).to(device)
+        flat[start:start + step] = fn(piece)
+    return out
+
+
+def _fallback(raw: np.ndarray, qtype: T, device, name: str) -> torch.Tensor:
+    try:
+        values = quants.dequantize(np.asarray(raw), qtype)
+    except NotImplementedError:
+        raise UserError(f"tensor {name or '?'} has GGML type {qtype.name}, which is not supported") from None
+    return torch.from_numpy(np.array(values, dtype=np.float32)).to(device)

@@ -1,0 +1,184 @@
+"""GGUF metadata and lazy, memory-mapped tensors.
+
+gguf-py's GGUFReader turns every tokenizer entry into numpy objects when it opens a file
+(seconds and hundreds of MB for a 262k vocabulary). A window task needs a few scalars and its
+own layers' bytes, so this index reads the header once, skips string arrays until they are
+asked for, and maps tensor data straight from the file. Type codes and sizes come from gguf-py.
+"""
+import functools
+import hashlib
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
+
+from ..errors import UserError
+
+GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
+DEFAULT_ALIGNMENT = 32
+
+_SCALAR = {
+    GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
+    GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
+    GGUFValueType.FLOAT32: "<f", GGUFValueType.BOOL: "<?", GGUFValueType.UINT64: "<Q",
+    GGUFValueType.INT64: "<q", GGUFValueType.FLOAT64: "<d",
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]  # numpy order: (..., rows, row_length)
+    offset: int             # absolute byte offset in the file
+    n_bytes: int
+
+
+@dataclass(frozen=True)
+class StringArray:
+    """A string array left unparsed: `GGUFIndex.strings(key)` reads it on demand."""
+    offset: int
+    count: int
+
+
+class GGUFIndex:
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read GGUF file {self.path}: {e}") from None
+        try:
+            self._parse()
+        except (struct.error, ValueError, IndexError) as e:
+            raise UserError(f"{self.path} is truncated or not a valid GGUF file ({e})") from None
+
+    # -- parsing ---------------------------------------------------------------------------
+    def _parse(self) -> None:
+        m = self._map
+        if len(m) < 24 or struct.unpack_from("<I", m, 0)[0] != GGUF_MAGIC:
+            raise UserError(f"{self.path} is not a GGUF file (bad magic)")
+        self.version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        if self.version not in (2, 3):
+            raise UserError(f"{self.path}: unsupported GGUF version {self.version}")
+        pos = 24
+        self.metadata: dict[str, object] = {}
+        self.spans: dict[str, tuple[int, int]] = {}  # key -> its bytes in the file
+        for _ in range(n_kv):
+            start = pos
+            key, pos = self._string(pos)
+            (vtype,), pos = struct.unpack_from("<I", m, pos), pos + 4
+            self.metadata[key], pos = self._value(GGUFValueType(vtype), pos)
+            self.spans[key] = (start, pos)
+        infos = []
+        for _ in range(n_tensors):
+            name, pos = self._string(pos)
+            (n_dims,), pos = struct.unpack_from("<I", m, pos), pos + 4
+            dims = struct.unpack_from(f"<{n_dims}Q", m, pos)
+            pos += 8 * n_dims
+            qtype, rel = struct.unpack_from("<IQ", m, pos)
+            pos += 12
+            infos.append((name, dims, qtype, rel))
+        align = int(self.metadata.get(Keys.General.ALIGNMENT, DEFAULT_ALIGNMENT))
+        data_start = (pos + align - 1) // align * align
+        self.tensors: dict[str, TensorInfo] = {}
+        for name, dims, qtype, rel in infos:
+            self.tensors[name] = self._tensor_info(name, dims, qtype, data_start + rel)
+
+    def _tensor_info(self, name: str, dims, qtype: int, offset: int) -> TensorInfo:
+        try:
+            qtype = GGMLQuantizationType(qtype)
+        except ValueError:
+            raise UserError(f"{self.path}: tensor {name} has unknown GGML type {qtype}") from None
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        n_elems = int(np.prod(dims))
+        n_bytes = n_elems // block * type_size
+        if offset + n_bytes > len(self._map):
+            raise UserError(f"{self.path} is truncated: tensor {name} ends past the end of the file")
+        return TensorInfo(name, qtype, tuple(int(d) for d in reversed(dims)), offset, n_bytes)
+
+    def _string(self, pos: int) -> tuple[str, int]:
+        (n,) = struct.unpack_from("<Q", self._map, pos)
+        end = pos + 8 + n
+        if end > len(self._map):
+            raise ValueError("string runs past the end of the file")
+        return self._map[pos + 8:end].decode("utf-8", errors="replace"), end
+
+    def _value(self, vtype: GGUFValueType, pos: int):
+        if vtype == GGUFValueType.STRING:
+            return self._string(pos)
+        if vtype == GGUFValueType.ARRAY:
+            etype, count = struct.unpack_from("<IQ", self._map, pos)
+            etype, pos = GGUFValueType(etype), pos + 12
+            if etype == GGUFValueType.STRING:
+                start = pos
+                for _ in range(count):
+                    pos += 8 + struct.unpack_from("<Q", self._map, pos)[0]
+                return StringArray(start, count), pos
+            if etype == GGUFValueType.ARRAY:
+                raise ValueError("nested arrays are not used by any model key")
+            dtype = np.dtype(_SCALAR[etype])
+            arr = np.frombuffer(self._map, dtype=dtype, count=count, offset=pos)
+            return arr, pos + count * dtype.itemsize
+        fmt = _SCALAR[vtype]
+        return struct.unpack_from(fmt, self._map, pos)[0], pos + struct.calcsize(fmt)
+
+    # -- access ----------------------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get(Keys.General.ARCHITECTURE, ""))
+
+    def arch_value(self, key_template: str, default=None):
+        """A `{arch}`-templated key from gguf.Keys.LLM / Keys.Attention / Keys.Rope."""
+        return self.metadata.get(key_template.format(arch=self.architecture), default)
+
+    def strings(self, key: str) -> list[str]:
+        ref = self.metadata[key]
+        assert isinstance(ref, StringArray), key
+        m, length = self._map, struct.Struct("<Q").unpack_from   # a tight loop: 150k+ entries
+        out, pos = [], ref.offset
+        for _ in range(ref.count):
+            (n,) = length(m, pos)
+            out.append(m[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
+            pos += 8 + n
+        if pos > len(m):
+            raise UserError(f"{self.path}: string array {key} runs past the end of the file")
+        return out
+
+    def fingerprint(self, prefix: str, exclude: tuple[str, ...] = ()) -> str:
+        """sha256 of the stored bytes of every metadata entry under `prefix`."""
+        h = hashlib.sha256()
+        for key in sorted(k for k in self.spans if k.startswith(prefix) and k not in exclude):
+            start, end = self.spans[key]
+            h.update(self._map[start:end])
+        return h.hexdigest()
+
+    def layer_tensors(self, i: int) -> list[TensorInfo]:
+        """The tensors of block `i` (`blk.{i}.*`)."""
+        prefix = f"blk.{i}."
+        return [t for n, t in self.tensors.items() if n.startswith(prefix)]
+
+    def release_pages(self, name: str) -> None:
+        """Drop the pages of tensor `name` from this process's resident set once it has been
+        dequantized (they stay in the page cache): RSS then holds the tensor being read, not
+        every tensor of the window or the file."""
+        if hasattr(mmap, "MADV_DONTNEED"):
+            info = self.tensors[name]
+            start = info.offset - info.offset % mmap.PAGESIZE
+            self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.n_bytes - start)
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""
+        info = self.tensors[name]
+        data = np.frombuffer(self._map, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        return data.reshape(*info.shape[:-1], info.shape[-1] // block * type_size)
+
+
+@functools.lru_cache(maxsize=4)
+def open_gguf(path: str) -> GGUFIndex:
+    return GGUFIndex(Path(path))

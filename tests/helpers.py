@@ -1,0 +1,53 @@
+"""Helpers shared by the test files: the shipped data, running a pass in-process or through the
+`luigi` command, and what a one-line refusal looks like."""
+import hashlib
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import luigi
+
+from pipeline.paths import CORPORA, REPO_ROOT
+
+REFERENCE = Path(__file__).resolve().parent / "data"   # llama.cpp's figures and token dumps
+HEAD40K = CORPORA / "wikitext-2-test.head40k.txt"
+MODELS = ["smollm2-135m", "gemma3-270m", "qwen2.5-0.5b"]
+REFERENCE_NAMES = {"smollm2-135m": "smol", "gemma3-270m": "gemma", "qwen2.5-0.5b": "qwen"}
+
+
+def run_pipeline(run_root: Path, **params) -> dict:
+    """Run PerplexityRun in-process on the local scheduler; return its result JSON."""
+    from pipeline import PerplexityRun
+
+    result = run_root / "result.json"
+    task = PerplexityRun(run_root=str(run_root), result_json=str(result), **params)
+    summary = luigi.build([task], local_scheduler=True, detailed_summary=True, log_level="WARNING")
+    assert summary.status.name in ("SUCCESS", "SUCCESS_WITH_RETRY"), summary.summary_text
+    return json.loads(result.read_text())
+
+
+def luigi_cli(*args, run_root):
+    """`luigi --module pipeline PerplexityRun ARGS` from the repository root, as users type it."""
+    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root", str(run_root), *args]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def assert_one_line_error(done, pattern):
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR: layercycle: ")]
+    assert len(errors) == 1 and pattern in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def tree_digest(root: Path) -> dict:
+    """Content hashes of every file of the completed outputs under a run root."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.glob("*/*/**/*")) if p.is_file() and ".partial" not in str(p)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
