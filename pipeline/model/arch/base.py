@@ -1,10 +1,12 @@
 """A decoder-only architecture over one GGUF file: embed, layers [a, b), head.
 
-A layer is a list of residual steps, x + [post_norm](op(norm(x))), whose ops are attention,
-a recurrent mixer (Mamba2, Gated DeltaNet) or a feed-forward block (dense or mixture of
-experts). Subclasses (one module per family) state what differs: which op each layer has,
-RoPE pairing, per-layer attention window and RoPE base, embedding scale, activation. Weights
-are read and dequantized only when a layer, the embedding rows or the head are asked for.
+Each layer's facts (which mixer and feed-forward block, heads, head sizes, attention span,
+RoPE) are read from the metadata once, into a `LayerSpec` per layer. A layer is a module tree
+of residual steps, x + [post_norm](op(norm(x))), whose ops are a mixer (attention, Mamba2,
+Gated DeltaNet) or a feed-forward block (dense or mixture of experts). Subclasses (one module
+per family) state what differs: the spec of each layer, RoPE pairing, embedding scale,
+activation, how the logits end. Weights are read and dequantized only when a layer, the
+embedding rows or the head are asked for.
 """
 import functools
 import math
@@ -20,10 +22,19 @@ from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
 from ..weight_block import WeightBlock
-from .blocks import Attention, RopeSpec, causal_mask, rms_norm, rope_tables
+from .blocks import Attention, AttentionSpec, RopeSpec, Weights, causal_mask, module_bytes, rms_norm, rope_tables
 from .ffn import MLP, MoE, Routing
 
-T = MODEL_TENSOR
+MT = MODEL_TENSOR
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one layer computes, read from the metadata once."""
+    index: int
+    mixer: str                                # "attention", "mamba2", "delta_net"; "": none
+    ffn: str                                  # "mlp", "moe"; "": none
+    attention: AttentionSpec | None = None    # where the mixer is attention
 
 
 @dataclass(frozen=True)
@@ -50,10 +61,10 @@ class Tables:
             self._rope[spec] = rope_tables(spec, self.n_pos, self.device, self.dtype)
         return self._rope[spec]
 
-    def mask(self, window: int | None) -> torch.Tensor | None:
-        if window not in self._mask:
-            self._mask[window] = causal_mask(self.n_pos, window, self.device)
-        return self._mask[window]
+    def mask(self, span: int | None) -> torch.Tensor | None:
+        if span not in self._mask:
+            self._mask[span] = causal_mask(self.n_pos, span, self.device)
+        return self._mask[span]
 
 
 def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock | None = None) -> torch.Tensor:
@@ -69,12 +80,12 @@ def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock 
 
 
 class BlockTensors:
-    """The tensors of block `i`, dequantized on request (into `weights` where given); counts
-    the bytes it holds."""
+    """The tensors of block `i`, dequantized on request (into `weights` where given); remembers
+    which it read."""
 
     def __init__(self, gguf: GGUFIndex, i: int, device, dtype, weights: WeightBlock | None = None):
         self.gguf, self.i, self.device, self.dtype, self.weights = gguf, i, device, dtype, weights
-        self.nbytes, self.read = 0, set()
+        self.read = set()
 
     def name(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> str:
         base = TENSOR_NAMES[kind].format(bid=self.i)
@@ -90,7 +101,6 @@ class BlockTensors:
             return None
         t = read_tensor(self.gguf, name, self.device, dtype or self.dtype, self.weights)
         self.read.add(name)
-        self.nbytes += t.numel() * t.element_size()
         return t
 
     def check_all_read(self) -> None:
@@ -102,12 +112,12 @@ class BlockTensors:
                             f"layer layercycle computes; this variant of the architecture is not supported")
 
 
-class Residual(nn.Module):
+class Residual(Weights):
     """x + [post_norm](op(norm(x)))."""
 
     def __init__(self, norm: torch.Tensor, op: nn.Module, eps: float, post_norm: torch.Tensor | None = None):
-        super().__init__()
-        self.norm, self.op, self.eps, self.post_norm = norm, op, eps, post_norm
+        super().__init__({"norm": norm, "post_norm": post_norm})
+        self.op, self.eps = op, eps
 
     def forward(self, x: torch.Tensor, tables: Tables, state: dict | None) -> torch.Tensor:
         y = self.op(rms_norm(x, self.norm, self.eps), tables, state)
@@ -115,9 +125,16 @@ class Residual(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, steps: list[Residual], nbytes: int):
+    def __init__(self, spec: LayerSpec, steps: list[Residual]):
         super().__init__()
-        self.steps, self.nbytes = steps, nbytes
+        self.spec, self.steps = spec, nn.ModuleList(steps)
+
+    @property
+    def nbytes(self) -> int:
+        return module_bytes(self)
+
+    def extra_repr(self) -> str:
+        return f"layer {self.spec.index}: {self.spec.mixer or 'no mixer'}, {self.spec.ffn or 'no feed-forward'}"
 
     def forward(self, x: torch.Tensor, tables: Tables, state: dict | None = None) -> torch.Tensor:
         # x: [B, T, hidden]; state: recurrent state carried in and out (None: zero for every row)
@@ -135,6 +152,7 @@ class DecoderArch:
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
         self.hp = self.read_hparams()
+        self.specs = [self.layer_spec(i) for i in range(self.hp.n_layers)]
 
     # -- metadata --------------------------------------------------------------------------
     def key(self, template: str, default=None):
@@ -154,27 +172,39 @@ class DecoderArch:
         n_kv = int(np.max(self.key(Keys.Attention.HEAD_COUNT_KV, n_head)))
         tokens = self.gguf.metadata.get(Keys.Tokenizer.LIST)
         vocab = self.key(Keys.LLM.VOCAB_SIZE, getattr(tokens, "count", 0))
-        return HParams(
-            # multi-token-prediction blocks follow the trunk; a perplexity pass never runs them
-            n_layers=int(self.key(Keys.LLM.BLOCK_COUNT)) - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0)), hidden=hidden, n_head=n_head, n_kv=n_kv,
-            head_dim=int(self.key(Keys.Attention.KEY_LENGTH, hidden // max(n_head, 1))),
-            eps=self.rms_eps(),
-            context_length=int(self.key(Keys.LLM.CONTEXT_LENGTH)), vocab=int(vocab))
+        # multi-token-prediction blocks follow the trunk; a perplexity pass never runs them
+        n_layers = int(self.key(Keys.LLM.BLOCK_COUNT)) - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0))
+        return HParams(n_layers=n_layers, hidden=hidden, n_head=n_head, n_kv=n_kv,
+                       head_dim=int(self.key(Keys.Attention.KEY_LENGTH, hidden // max(n_head, 1))),
+                       eps=self.rms_eps(), context_length=int(self.key(Keys.LLM.CONTEXT_LENGTH)), vocab=int(vocab))
 
     def rms_eps(self) -> float:
         return float(self.key(Keys.Attention.LAYERNORM_RMS_EPS))
 
-    def attention_scale(self) -> float:
-        return float(self.key(Keys.Attention.SCALE, 1.0 / math.sqrt(self.hp.head_dim)))
+    def has_tensor(self, i: int, kind: MODEL_TENSOR, suffix: str = "weight") -> bool:
+        return f"{TENSOR_NAMES[kind].format(bid=i)}.{suffix}" in self.gguf.tensors
 
-    def rope_spec(self, layer: int) -> RopeSpec | None:
-        return self.trunk_rope
+    # -- the spec of each layer ------------------------------------------------------------
+    def layer_spec(self, i: int) -> LayerSpec:
+        """Attention, then experts where the block has a router, else the dense MLP."""
+        return LayerSpec(i, "attention", self.ffn_kind(i), self.attention_spec(i))
+
+    def ffn_kind(self, i: int) -> str:
+        return "moe" if self.has_tensor(i, MT.FFN_GATE_INP) else "mlp"
+
+    def attention_spec(self, i: int) -> AttentionSpec:
+        n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))
+        return AttentionSpec(n_head=n_head, n_kv=int(self.layer_key(Keys.Attention.HEAD_COUNT_KV, i, n_head)),
+                             key_dim=self.hp.head_dim,
+                             value_dim=int(self.key(Keys.Attention.VALUE_LENGTH, self.hp.head_dim)),
+                             scale=float(self.key(Keys.Attention.SCALE, 1.0 / math.sqrt(self.hp.head_dim))),
+                             rope=self.trunk_rope)
 
     @functools.cached_property
     def trunk_rope(self) -> RopeSpec:
         """The RoPE of the file's metadata, read (and `rope_freqs` dequantized) once."""
         factors = None
-        name = TENSOR_NAMES[T.ROPE_FREQS] + ".weight"
+        name = TENSOR_NAMES[MT.ROPE_FREQS] + ".weight"
         if name in self.gguf.tensors:
             factors = tuple(read_tensor(self.gguf, name, "cpu", torch.float32).tolist())
         scale = 1.0
@@ -184,39 +214,37 @@ class DecoderArch:
                         base=float(self.key(Keys.Rope.FREQ_BASE, 10000.0)), neox=self.neox_rope,
                         scale=scale, freq_factors=factors)
 
-    def attention_window(self, layer: int) -> int | None:
-        return None
-
     # -- layers ----------------------------------------------------------------------------
     def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None) -> DecoderLayer:
         t = BlockTensors(self.gguf, i, device, dtype, weights)
-        steps = self.layer_steps(i, t)
+        layer = DecoderLayer(self.specs[i], self.layer_steps(self.specs[i], t))
         t.check_all_read()
-        return DecoderLayer(steps, t.nbytes)
+        return layer
 
-    def layer_steps(self, i: int, t: BlockTensors) -> list[Residual]:
-        """Attention then feed-forward, each with its pre-norm and (where present) post-norm."""
+    def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
+        """Mixer then feed-forward, each with its pre-norm and (where present) post-norm."""
         eps = self.hp.eps
-        return [Residual(t(T.ATTN_NORM), self.attention(i, t), eps, t(T.ATTN_POST_NORM, required=False)),
-                Residual(t(T.FFN_NORM), self.ffn(i, t), eps, t(T.FFN_POST_NORM, required=False))]
+        return [Residual(t(MT.ATTN_NORM), self.mixer(spec, t), eps, t(MT.ATTN_POST_NORM, required=False)),
+                Residual(t(MT.FFN_NORM), self.ffn(spec, t), eps, t(MT.FFN_POST_NORM, required=False))]
 
-    def attention(self, i: int, t: BlockTensors, gated: bool = False) -> Attention:
-        w = {"q": t(T.ATTN_Q), "k": t(T.ATTN_K), "v": t(T.ATTN_V), "o": t(T.ATTN_OUT)}
-        optional = {"q_bias": (T.ATTN_Q, "bias"), "k_bias": (T.ATTN_K, "bias"), "v_bias": (T.ATTN_V, "bias"),
-                    "o_bias": (T.ATTN_OUT, "bias"), "q_norm": (T.ATTN_Q_NORM, "weight"),
-                    "k_norm": (T.ATTN_K_NORM, "weight")}
-        w |= {k: v for k, (kind, suffix) in optional.items() if (v := t(kind, suffix, required=False)) is not None}
-        n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))
-        n_kv = int(self.layer_key(Keys.Attention.HEAD_COUNT_KV, i, n_head))
-        return Attention(w, n_head, n_kv, self.hp.head_dim, self.attention_scale(), self.hp.eps,
-                         self.rope_spec(i), self.attention_window(i), gated)
+    def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
+        """The layer's token mixer; families with recurrent layers add theirs."""
+        assert spec.mixer == "attention", spec
+        return self.attention(spec.attention, t)
 
-    def ffn(self, i: int, t: BlockTensors) -> nn.Module:
-        """Mixture of experts where the block has a router, else the dense (gated) MLP."""
-        if t.has(T.FFN_GATE_INP):
-            return self.moe(i, t)
-        return MLP(t(T.FFN_UP), t(T.FFN_DOWN), t(T.FFN_GATE, required=False), self.activation,
-                   t(T.FFN_UP, "bias", required=False), t(T.FFN_DOWN, "bias", required=False))
+    def attention(self, spec: AttentionSpec, t: BlockTensors) -> Attention:
+        w = {"q": t(MT.ATTN_Q), "k": t(MT.ATTN_K), "v": t(MT.ATTN_V), "o": t(MT.ATTN_OUT)}
+        optional = {"q_bias": (MT.ATTN_Q, "bias"), "k_bias": (MT.ATTN_K, "bias"), "v_bias": (MT.ATTN_V, "bias"),
+                    "o_bias": (MT.ATTN_OUT, "bias"), "q_norm": (MT.ATTN_Q_NORM, "weight"),
+                    "k_norm": (MT.ATTN_K_NORM, "weight")}
+        w |= {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items()}
+        return Attention(w, spec, self.hp.eps)
+
+    def ffn(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
+        if spec.ffn == "moe":
+            return self.moe(spec.index, t)
+        return MLP(t(MT.FFN_UP), t(MT.FFN_DOWN), t(MT.FFN_GATE, required=False), self.activation,
+                   t(MT.FFN_UP, "bias", required=False), t(MT.FFN_DOWN, "bias", required=False))
 
     def normalizes_expert_weights(self) -> bool:
         """Softmax families renormalise their top-k weights whatever the file says."""
@@ -229,19 +257,19 @@ class DecoderArch:
 
     def moe(self, i: int, t: BlockTensors) -> MoE:
         shared = None
-        if t.has(T.FFN_UP_SHEXP):
-            shared = MLP(t(T.FFN_UP_SHEXP), t(T.FFN_DOWN_SHEXP), t(T.FFN_GATE_SHEXP, required=False),
+        if t.has(MT.FFN_UP_SHEXP):
+            shared = MLP(t(MT.FFN_UP_SHEXP), t(MT.FFN_DOWN_SHEXP), t(MT.FFN_GATE_SHEXP, required=False),
                          self.activation)
         routing_dtype = torch.promote_types(t.dtype, torch.float32)
-        return MoE(router=t(T.FFN_GATE_INP, dtype=routing_dtype), up=t(T.FFN_UP_EXP), down=t(T.FFN_DOWN_EXP),
-                   gate=t(T.FFN_GATE_EXP, required=False), act=self.activation, routing=self.routing(i),
-                   selection_bias=t(T.FFN_EXP_PROBS_B, "bias", required=False, dtype=routing_dtype),
-                   shared=shared, shared_gate=t(T.FFN_GATE_INP_SHEXP, required=False))
+        return MoE(router=t(MT.FFN_GATE_INP, dtype=routing_dtype), up=t(MT.FFN_UP_EXP), down=t(MT.FFN_DOWN_EXP),
+                   gate=t(MT.FFN_GATE_EXP, required=False), act=self.activation, routing=self.routing(i),
+                   selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False, dtype=routing_dtype),
+                   shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False))
 
     # -- embedding and head ----------------------------------------------------------------
     def embed(self, ids: torch.Tensor, device, dtype) -> torch.Tensor:
         """ids [B, T] -> hidden [B, T, hidden]; dequantizes only the rows that occur."""
-        name = TENSOR_NAMES[T.TOKEN_EMBD] + ".weight"
+        name = TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"
         info = self.gguf.tensors[name]
         unique, inverse = torch.unique(ids, return_inverse=True)
         rows = self.gguf.raw(name)[unique.numpy()]
@@ -252,26 +280,36 @@ class DecoderArch:
         return x
 
     def load_head(self, device, dtype) -> "Head":
-        out = TENSOR_NAMES[T.OUTPUT] + ".weight"
+        out = TENSOR_NAMES[MT.OUTPUT] + ".weight"
         if out not in self.gguf.tensors:  # tied embeddings
-            out = TENSOR_NAMES[T.TOKEN_EMBD] + ".weight"
-        norm = read_tensor(self.gguf, TENSOR_NAMES[T.OUTPUT_NORM] + ".weight", device, dtype)
-        return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps)
+            out = TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"
+        norm = read_tensor(self.gguf, TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight", device, dtype)
+        return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps, self.finish_logits)
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """How the family's graph ends: float32 logits [N, S] of a vocabulary slice -> the logits
+        scored (a family with logit soft-capping or scales applies them here)."""
+        return logits
 
 
-class Head(nn.Module):
-    """Final norm + LM head: hidden [N, hidden] -> logits [N, vocab]."""
+class Head(Weights):
+    """Final norm + LM head: hidden [N, hidden] -> float32 logits [N, vocab], ended by the
+    family's `finish` (DecoderArch.finish_logits; None: as they are)."""
 
-    def __init__(self, norm: torch.Tensor, weight: torch.Tensor, eps: float):
-        super().__init__()
-        self.norm, self.weight, self.eps = norm, weight, eps
+    def __init__(self, norm: torch.Tensor, weight: torch.Tensor, eps: float, finish=None):
+        super().__init__({"norm": norm, "weight": weight})
+        self.eps, self.finish = eps, finish
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(rms_norm(x, self.norm, self.eps), self.weight)
+        return self.logits(rms_norm(x, self.norm, self.eps), self.weight)
+
+    def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        z = F.linear(normed, weight).float()
+        return z if self.finish is None else self.finish(z)
 
     def logit_slices(self, x: torch.Tensor, width: int):
         """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
         so that all N x vocab logits never exist at once."""
         normed = rms_norm(x, self.norm, self.eps)
         for start in range(0, self.weight.shape[0], width):
-            yield start, F.linear(normed, self.weight[start:start + width]).float()
+            yield start, self.logits(normed, self.weight[start:start + width])

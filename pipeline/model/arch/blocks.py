@@ -1,9 +1,38 @@
-"""Blocks shared by the architectures: RMSNorm, rotary embedding, attention."""
+"""Blocks shared by the architectures: the module that holds a block's tensors, RMSNorm,
+rotary embedding, attention."""
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+class Weights(nn.Module):
+    """A module whose tensors (never trained) are buffers: `print` shows each with its shape and
+    dtype, `module_bytes` counts them. `w` maps the names of the tensors present to them;
+    an optional tensor the file lacks is registered as None and left out of `w`."""
+
+    def __init__(self, weights: dict[str, torch.Tensor | None]):
+        super().__init__()
+        for name, t in weights.items():
+            self.register_buffer(name, t, persistent=False)
+
+    @property
+    def w(self) -> dict[str, torch.Tensor]:
+        return {name: t for name, t in self._buffers.items() if t is not None}
+
+    def describe(self) -> str:
+        """The module's settings, for `print` (the tensors are listed after them)."""
+        return ""
+
+    def extra_repr(self) -> str:
+        tensors = [f"{name}: {list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for name, t in self.w.items()]
+        return ", ".join(filter(None, [self.describe(), *tensors]))
+
+
+def module_bytes(module: nn.Module) -> int:
+    """Bytes of the tensors a module and its submodules hold."""
+    return sum(t.numel() * t.element_size() for t in module.buffers())
 
 
 def wide(x: torch.Tensor) -> torch.Tensor:
@@ -48,45 +77,69 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: Rope
     return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
-def causal_mask(n: int, window: int | None, device) -> torch.Tensor | None:
-    """Boolean [T, T] mask (True = attend) for a sliding window; None means plain causal."""
-    if window is None or window >= n:
+def causal_mask(n: int, span: int | None, device) -> torch.Tensor | None:
+    """Boolean [T, T] mask (True = attend) for sliding-window attention over the `span` latest
+    positions; None means plain causal."""
+    if span is None or span >= n:
         return None
     i = torch.arange(n, device=device)
     diff = i[:, None] - i[None, :]
-    return (diff >= 0) & (diff < window)
+    return (diff >= 0) & (diff < span)
 
 
-class Attention(nn.Module):
-    """Grouped-query self-attention with optional QKV/output bias, per-head QK-norm, RoPE
-    (None: no position encoding) and an output gate (`gated`: Q's projection carries a
-    sigmoid gate per head after its queries, as in Qwen3-Next)."""
+@dataclass(frozen=True)
+class AttentionSpec:
+    """The facts of one attention layer, read from the metadata once."""
+    n_head: int
+    n_kv: int
+    key_dim: int              # head size of Q and K
+    value_dim: int            # head size of V, and of each head's output
+    scale: float              # applied to Q.K
+    rope: RopeSpec | None     # None: no position encoding
+    span: int | None = None   # sliding window: each position sees the `span` latest; None: all before it
+    gated: bool = False       # Q's projection carries a sigmoid output gate per head (Qwen3-Next)
 
-    def __init__(self, w: dict[str, torch.Tensor], n_head: int, n_kv: int, head_dim: int, scale: float,
-                 eps: float, rope: RopeSpec | None, window: int | None = None, gated: bool = False):
-        super().__init__()
-        self.w, self.n_head, self.n_kv, self.head_dim = w, n_head, n_kv, head_dim
-        self.scale, self.eps, self.rope, self.window, self.gated = scale, eps, rope, window, gated
+
+class Attention(Weights):
+    """Grouped-query self-attention with optional QKV/output bias, per-head QK-norm, RoPE and an
+    output gate (`spec.gated`: Q's projection holds, per head, the queries then the gate)."""
+
+    def __init__(self, w: dict[str, torch.Tensor | None], spec: AttentionSpec, eps: float):
+        super().__init__(w)
+        self.spec, self.eps = spec, eps
+
+    def describe(self) -> str:
+        s, r = self.spec, self.spec.rope
+        rope = "none" if r is None else f"{'neox' if r.neox else 'pairs'} dim={r.dim} base={r.base:g} scale={r.scale:g}"
+        rope += " with freq factors" if r is not None and r.freq_factors else ""
+        return (f"heads={s.n_head}, kv_heads={s.n_kv}, key_dim={s.key_dim}, value_dim={s.value_dim}, "
+                f"scale={s.scale:g}, span={s.span}, gated={s.gated}, rope=({rope})")
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         # x: [B, T, hidden]
         B, T, _ = x.shape
-        w, D = self.w, self.head_dim
-        q = F.linear(x, w["q"], w.get("q_bias")).view(B, T, self.n_head, -1)
-        if self.gated:
-            q, gate = q[..., :D], q[..., D:].reshape(B, T, self.n_head * D)
-        k = F.linear(x, w["k"], w.get("k_bias")).view(B, T, self.n_kv, D)
-        v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, self.n_kv, D)
+        w, s = self.w, self.spec
+        q = F.linear(x, w["q"], w.get("q_bias")).view(B, T, s.n_head, -1)
+        if s.gated:
+            q, gate = q[..., :s.key_dim], q[..., s.key_dim:].reshape(B, T, s.n_head * s.value_dim)
+        k = F.linear(x, w["k"], w.get("k_bias")).view(B, T, s.n_kv, s.key_dim)
+        v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, s.n_kv, s.value_dim)
         if "q_norm" in w:
             q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        if self.rope is not None:
-            cos, sin = tables.rope(self.rope)
-            q, k = apply_rope(q, cos, sin, self.rope), apply_rope(k, cos, sin, self.rope)
-        mask = tables.mask(self.window)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
-                                           scale=self.scale, enable_gqa=self.n_kv != self.n_head)
-        y = y.transpose(1, 2).reshape(B, T, self.n_head * D)
-        if self.gated:
+        if s.rope is not None:
+            cos, sin = tables.rope(s.rope)
+            q, k = apply_rope(q, cos, sin, s.rope), apply_rope(k, cos, sin, s.rope)
+        y = self.attend(q, k, v, tables)                   # [B, H, T, value_dim]
+        y = y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim)
+        if s.gated:
             y = y * torch.sigmoid(gate)
         return F.linear(y, w["o"], w.get("o_bias"))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
+        """softmax(scale q.k + mask) v: q [B, H, T, key_dim], k [B, KV, T, key_dim], v [B, KV, T,
+        value_dim] -> [B, H, T, value_dim]. The seam for attention that SDPA cannot express
+        (attention sinks, logit soft-capping): a family's attention overrides it."""
+        mask = tables.mask(self.spec.span)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.spec.scale,
+                                              enable_gqa=self.spec.n_kv != self.spec.n_head)

@@ -7,9 +7,8 @@ batch row starts from zeros. The rule runs in float32 (or wider) whatever the co
 """
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .blocks import rms_norm, wide
+from .blocks import Weights, rms_norm, wide
 from .ssm import causal_conv1d
 
 DELTA_CHUNK = 64
@@ -71,18 +70,21 @@ def delta_rule_chunked(q, k, v, g, beta, state=None, chunk: int = DELTA_CHUNK):
     return out.permute(0, 2, 3, 1, 4).reshape(b, n * chunk, h, dv)[:, :T], s
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(Weights):
     """qkv and z projections; beta = sigmoid(b), g = softplus(a + dt_bias) * A; conv1d + SiLU on
     qkv; L2-normalised q, k shared by groups of value heads; the delta rule; RMSNorm(o) * SiLU(z);
     out projection. `tiled`: value head j reads key head j % n_k (Qwen3.5 files, whose converter
     reorders the value heads) instead of j // (n_v / n_k) (Qwen3-Next)."""
 
-    def __init__(self, w: dict[str, torch.Tensor], n_k: int, n_v: int, d_k: int, eps: float, tiled: bool):
-        super().__init__()
-        self.w, self.n_k, self.n_v, self.d_k, self.eps, self.tiled = w, n_k, n_v, d_k, eps, tiled
+    def __init__(self, w: dict[str, torch.Tensor | None], n_k: int, n_v: int, d_k: int, eps: float, tiled: bool):
+        super().__init__(w)
+        self.n_k, self.n_v, self.d_k, self.eps, self.tiled = n_k, n_v, d_k, eps, tiled
         self.d_v = w["norm"].shape[-1]
 
-    def beta_alpha(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def describe(self) -> str:
+        return f"key_heads={self.n_k}, value_heads={self.n_v}, d_k={self.d_k}, d_v={self.d_v}, tiled={self.tiled}"
+
+    def project_beta_alpha(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T, hidden] -> b, a of shape [B, T, n_v]."""
         w = self.w
         if "beta_alpha" not in w:
@@ -102,7 +104,7 @@ class GatedDeltaNet(nn.Module):
         repeat = nv // nk
         if repeat > 1:
             q, k = ((t.repeat(1, 1, repeat, 1) if self.tiled else t.repeat_interleave(repeat, dim=2)) for t in (q, k))
-        b, a = self.beta_alpha(x)
+        b, a = self.project_beta_alpha(x)
         beta = torch.sigmoid(wide(b))
         g = F.softplus(wide(a) + wide(w["dt_bias"])) * wide(w["A"])     # [B, T, n_v], <= 0
         o, ssm_state = delta_rule_chunked(q * dk ** -0.5, k, v.view(B, T, nv, dv), g, beta, (state or {}).get("ssm"))

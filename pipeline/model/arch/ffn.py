@@ -3,9 +3,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .blocks import wide
+from .blocks import Weights, wide
 
 # llama.cpp clamps the sum of the chosen weights here before renormalising (smallest normal f16)
 MIN_WEIGHT_SUM = 6.103515625e-5
@@ -26,14 +25,16 @@ def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: to
     return F.linear(h, down, down_bias)
 
 
-class MLP(nn.Module):
+class MLP(Weights):
     """down(act(gate x) * up x), or down(act(up x)) where there is no gate."""
 
     def __init__(self, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
                  up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None):
-        super().__init__()
-        self.up, self.down, self.gate, self.act = up, down, gate, act
-        self.up_bias, self.down_bias = up_bias, down_bias
+        super().__init__({"up": up, "down": down, "gate": gate, "up_bias": up_bias, "down_bias": down_bias})
+        self.act = act
+
+    def describe(self) -> str:
+        return f"act={_name(self.act)}"
 
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
         return feed_forward(x, self.up, self.down, self.gate, self.act, self.up_bias, self.down_bias)
@@ -64,7 +65,11 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
     return weights * routing.scale if routing.scale != 1.0 else weights, experts
 
 
-class MoE(nn.Module):
+def _name(fn) -> str:
+    return getattr(fn, "__name__", repr(fn))
+
+
+class MoE(Weights):
     """Routed experts (+ an always-on shared expert, optionally gated by sigmoid(shared_gate . x)).
 
     Expert weights are [E, out, in]; each expert runs only on the tokens routed to it, so an
@@ -74,10 +79,12 @@ class MoE(nn.Module):
     def __init__(self, router: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None,
                  act, routing: Routing, selection_bias: torch.Tensor | None = None,
                  shared: MLP | None = None, shared_gate: torch.Tensor | None = None):
-        super().__init__()
-        self.router, self.up, self.down, self.gate, self.act = router, up, down, gate, act
-        self.routing, self.selection_bias = routing, selection_bias
-        self.shared, self.shared_gate = shared, shared_gate
+        super().__init__({"router": router, "up": up, "down": down, "gate": gate, "selection_bias": selection_bias,
+                          "shared_gate": shared_gate})
+        self.act, self.routing, self.shared = act, routing, shared
+
+    def describe(self) -> str:
+        return f"act={_name(self.act)}, {self.routing}"
 
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
         # x: [B, T, hidden]

@@ -2,10 +2,14 @@
 mixer (no attention heads and no FFN listed for the layer), attention without position encoding
 (no FFN listed), or a feed-forward block: a squared-ReLU MLP, or sigmoid-routed squared-ReLU
 experts with a selection bias and a shared expert (nemotron_h_moe)."""
-from gguf import MODEL_TENSOR as T
-from gguf import Keys
+from dataclasses import replace
 
-from .base import BlockTensors, DecoderArch, Residual
+from gguf import MODEL_TENSOR as MT
+from gguf import Keys
+from torch import nn
+
+from .base import BlockTensors, DecoderArch, LayerSpec, Residual
+from .blocks import AttentionSpec
 from .ffn import relu2
 from .ssm import Mamba2
 
@@ -18,26 +22,28 @@ class NemotronH(DecoderArch):
         # llama.cpp falls back on the plain layer-norm epsilon
         return float(self.gguf.arch_value(Keys.Attention.LAYERNORM_RMS_EPS) or self.key(Keys.Attention.LAYERNORM_EPS))
 
-    def rope_spec(self, layer: int):
-        return None
+    def layer_spec(self, i: int) -> LayerSpec:
+        has_ffn = self.layer_key(Keys.LLM.FEED_FORWARD_LENGTH, i) != 0
+        if has_ffn:
+            return LayerSpec(i, "", self.ffn_kind(i))
+        if self.layer_key(Keys.Attention.HEAD_COUNT_KV, i) == 0:
+            return LayerSpec(i, "mamba2", "")
+        return LayerSpec(i, "attention", "", self.attention_spec(i))
 
-    def is_recurrent(self, i: int) -> bool:
-        no_kv_heads = self.layer_key(Keys.Attention.HEAD_COUNT_KV, i) == 0
-        return no_kv_heads and self.layer_key(Keys.LLM.FEED_FORWARD_LENGTH, i) == 0
+    def attention_spec(self, i: int) -> AttentionSpec:
+        return replace(super().attention_spec(i), rope=None)  # diff: no position encoding
 
-    def layer_steps(self, i: int, t: BlockTensors) -> list[Residual]:
-        if self.is_recurrent(i):
-            op = self.mamba2(t)
-        elif self.layer_key(Keys.LLM.FEED_FORWARD_LENGTH, i) == 0:
-            op = self.attention(i, t)
-        else:
-            op = self.ffn(i, t)
-        return [Residual(t(T.ATTN_NORM), op, self.hp.eps)]
+    def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
+        op = self.mixer(spec, t) if spec.mixer else self.ffn(spec, t)
+        return [Residual(t(MT.ATTN_NORM), op, self.hp.eps)]
+
+    def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
+        return self.mamba2(t) if spec.mixer == "mamba2" else super().mixer(spec, t)
 
     def mamba2(self, t: BlockTensors) -> Mamba2:
-        w = {"in": t(T.SSM_IN), "conv": t(T.SSM_CONV1D), "conv_bias": t(T.SSM_CONV1D, "bias", required=False),
-             "dt_bias": t(T.SSM_DT, "bias"), "A": t(T.SSM_A, None), "D": t(T.SSM_D, None),
-             "norm": t(T.SSM_NORM), "out": t(T.SSM_OUT)}
+        w = {"in": t(MT.SSM_IN), "conv": t(MT.SSM_CONV1D), "conv_bias": t(MT.SSM_CONV1D, "bias", required=False),
+             "dt_bias": t(MT.SSM_DT, "bias"), "A": t(MT.SSM_A, None), "D": t(MT.SSM_D, None),
+             "norm": t(MT.SSM_NORM), "out": t(MT.SSM_OUT)}
         return Mamba2(w, n_head=int(self.key(Keys.SSM.TIME_STEP_RANK)), n_group=int(self.key(Keys.SSM.GROUP_COUNT)),
                       d_state=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps)
 

@@ -7,11 +7,14 @@ softmax-routed MoE with a sigmoid-gated shared expert (qwen3next, qwen35moe) or 
 `full_attention_interval` (every n-th layer attends). Qwen3.5 files store text positions for
 multi-axis RoPE; with one position per token it reduces to plain NeoX RoPE.
 """
-import numpy as np
-from gguf import MODEL_TENSOR as T
-from gguf import Keys
+from dataclasses import replace
 
-from .base import BlockTensors, DecoderArch, Residual
+import numpy as np
+from gguf import MODEL_TENSOR as MT
+from gguf import Keys
+from torch import nn
+
+from .base import BlockTensors, DecoderArch, LayerSpec, Residual
 from .delta_net import GatedDeltaNet
 
 RECURRENT_LAYERS = getattr(Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers")
@@ -28,18 +31,26 @@ class Qwen3Next(DecoderArch):
             return bool(flags[i])
         return (i + 1) % int(self.key(Keys.LLM.FULL_ATTENTION_INTERVAL, FULL_ATTENTION_INTERVAL)) != 0
 
-    def layer_steps(self, i: int, t: BlockTensors) -> list[Residual]:
-        mixer = self.delta_net(t) if self.is_recurrent(i) else self.attention(i, t, gated=True)
-        return [Residual(t(T.ATTN_NORM), mixer, self.hp.eps),
-                Residual(t(T.ATTN_POST_NORM), self.ffn(i, t), self.hp.eps)]
+    def layer_spec(self, i: int) -> LayerSpec:
+        if self.is_recurrent(i):
+            return LayerSpec(i, "delta_net", self.ffn_kind(i))
+        return LayerSpec(i, "attention", self.ffn_kind(i), replace(self.attention_spec(i), gated=True))
+
+    def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
+        # diff: the FFN's norm is stored as the post-attention norm, and neither step has a post-norm
+        return [Residual(t(MT.ATTN_NORM), self.mixer(spec, t), self.hp.eps),
+                Residual(t(MT.ATTN_POST_NORM), self.ffn(spec, t), self.hp.eps)]
+
+    def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
+        return self.delta_net(t) if spec.mixer == "delta_net" else super().mixer(spec, t)
 
     def delta_net(self, t: BlockTensors) -> GatedDeltaNet:
-        w = {"qkv": t(T.ATTN_QKV), "gate": t(T.ATTN_GATE), "conv": t(T.SSM_CONV1D),
-             "dt_bias": t(T.SSM_DT, "bias"), "A": t(T.SSM_A, None), "norm": t(T.SSM_NORM), "out": t(T.SSM_OUT)}
-        if t.has(T.SSM_BETA_ALPHA):
-            w["beta_alpha"] = t(T.SSM_BETA_ALPHA)
+        w = {"qkv": t(MT.ATTN_QKV), "gate": t(MT.ATTN_GATE), "conv": t(MT.SSM_CONV1D),
+             "dt_bias": t(MT.SSM_DT, "bias"), "A": t(MT.SSM_A, None), "norm": t(MT.SSM_NORM), "out": t(MT.SSM_OUT)}
+        if t.has(MT.SSM_BETA_ALPHA):
+            w["beta_alpha"] = t(MT.SSM_BETA_ALPHA)
         else:
-            w["beta"], w["alpha"] = t(T.SSM_BETA), t(T.SSM_ALPHA)
+            w["beta"], w["alpha"] = t(MT.SSM_BETA), t(MT.SSM_ALPHA)
         return GatedDeltaNet(w, n_k=int(self.key(Keys.SSM.GROUP_COUNT)), n_v=int(self.key(Keys.SSM.TIME_STEP_RANK)),
                              d_k=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps, tiled=self.tiled_value_heads)
 

@@ -7,9 +7,8 @@ Scans run in float32 (or wider) whatever the compute dtype.
 """
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .blocks import rms_norm, wide
+from .blocks import Weights, rms_norm, wide
 
 SSD_CHUNK = 64
 
@@ -79,13 +78,16 @@ def ssd_chunked(x, dt, A, B, C, state=None, chunk: int = SSD_CHUNK):
     return y.reshape(b, c * chunk, h, p)[:, :T], states[:, -1]
 
 
-class Mamba2(nn.Module):
+class Mamba2(Weights):
     """in_proj -> (z, xBC, dt); conv1d + SiLU on xBC; scan; + D x; * SiLU(z); grouped RMSNorm; out_proj."""
 
-    def __init__(self, w: dict[str, torch.Tensor], n_head: int, n_group: int, d_state: int, eps: float):
-        super().__init__()
-        self.w, self.n_head, self.n_group, self.d_state, self.eps = w, n_head, n_group, d_state, eps
+    def __init__(self, w: dict[str, torch.Tensor | None], n_head: int, n_group: int, d_state: int, eps: float):
+        super().__init__(w)
+        self.n_head, self.n_group, self.d_state, self.eps = n_head, n_group, d_state, eps
         self.d_inner = w["out"].shape[1]
+
+    def describe(self) -> str:
+        return f"heads={self.n_head}, groups={self.n_group}, d_state={self.d_state}, d_inner={self.d_inner}"
 
     def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         # x: [B, T, hidden]
