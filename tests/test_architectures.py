@@ -1,6 +1,6 @@
 """Mixture-of-experts and hybrid recurrent architectures on tiny random models converted by
 llama.cpp's converter (tests/hf_models.py): logits against the Hugging Face model they came
-from, cycled == whole through the pipeline, recurrent state reset per corpus window, quantized
+from, cycled == whole through the pipeline, recurrent state reset per sequence, quantized
 expert tensors, and the weight bytes a window holds."""
 import numpy as np
 import pytest
@@ -53,7 +53,7 @@ def test_logits_match_transformers(name, tiny_model):
 @pytest.mark.parametrize("name", ARCHS)
 def test_cycled_equals_whole_bit_for_bit(name, tiny_model, tmp_path):
     _, path = tiny_model(name)
-    common = dict(model=str(path), ctx=64, chunks=6, windows_per_chunk=4)  # two batches of corpus windows
+    common = dict(model=str(path), ctx=64, chunks=6, windows_per_chunk=4)  # two batches of sequences
     whole = run_pipeline(tmp_path, window_layers=0, **common)
     n_layers = whole["model"]["n_layers"]
     for size in (1, 3):  # 3 divides none of the fixtures' 3, 4 and 5 layers but the first
@@ -63,17 +63,17 @@ def test_cycled_equals_whole_bit_for_bit(name, tiny_model, tmp_path):
         assert cycled["mean_nll"] == whole["mean_nll"]
 
 
-def nll_without_and_with_reset(path, n_windows: int) -> tuple[float, float]:
-    """Mean NLL over `n_windows` corpus windows, with the pass's per-window state reset and with
+def nll_without_and_with_reset(path, n_sequences: int) -> tuple[float, float]:
+    """Mean NLL over `n_sequences` sequences, with the pass's per-sequence state reset and with
     an executor that carries each recurrent layer's state from one window into the next."""
     arch = load_architecture(GGUFIndex(path))
-    ids = random_ids(n_windows, 64, seed=2)
+    ids = random_ids(n_sequences, 64, seed=2)
     window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", torch.float32)
     head = arch.load_head("cpu", torch.float32)
     embedded = arch.embed(ids, "cpu", torch.float32)
     carried: dict = {}
     runs = {"reset": window(embedded),
-            "carried": torch.cat([window(embedded[i:i + 1], state=carried) for i in range(n_windows)])}
+            "carried": torch.cat([window(embedded[i:i + 1], state=carried) for i in range(n_sequences)])}
     nll = {k: torch.nn.functional.cross_entropy(head(h[:, :-1]).flatten(0, 1), ids[:, 1:].flatten()).item()
            for k, h in runs.items()}
     return nll["reset"], nll["carried"]
@@ -82,15 +82,15 @@ def nll_without_and_with_reset(path, n_windows: int) -> tuple[float, float]:
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_not_resetting_recurrent_state_changes_the_number(name, tiny_model):
     _, path = tiny_model(name)
-    reset, carried = nll_without_and_with_reset(path, n_windows=4)
+    reset, carried = nll_without_and_with_reset(path, n_sequences=4)
     assert abs(carried - reset) > 1e-3 * reset
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_over_one_corpus_window_reset_and_carry_coincide(name, tiny_model):
-    # pinned: the test above is armed only because it spans several corpus windows
+    # pinned: the test above is armed only because it spans several sequences
     _, path = tiny_model(name)
-    reset, carried = nll_without_and_with_reset(path, n_windows=1)
+    reset, carried = nll_without_and_with_reset(path, n_sequences=1)
     assert carried == reset
 
 

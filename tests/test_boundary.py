@@ -25,7 +25,7 @@ def test_round_trip_and_recorded_dtype(tmp_path, dtype, stored):
     x = np.random.default_rng(1).standard_normal((5, 8, 16)).astype(np.float32)
     store = ChunkedArray.create(tmp_path / "b.zarr", x.shape, 2, dtype, {"identity": {}})
     for i in range(store.n_chunks):
-        store.write_chunk(i, x[store.windows(i)])
+        store.write_chunk(i, x[store.sequences(i)])
     back = ChunkedArray.open(tmp_path / "b.zarr")
     assert back.dtype == dtype and str(back.array.dtype) == stored and back.n_chunks == 3
     got = np.concatenate([back.read_chunk(i) for i in range(3)])

@@ -3,16 +3,16 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, quants
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as Q
 
 from pipeline.errors import UserError
 from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, dequantize
 
-QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
-K_QUANTS = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
+K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 
 
-def random_blocks(qtype: T, rows: int, row_blocks: int, seed: int) -> np.ndarray:
+def random_blocks(qtype: Q, rows: int, row_blocks: int, seed: int) -> np.ndarray:
     """Random bytes in every field, with the fp16 scales kept finite."""
     rng = np.random.default_rng(seed)
     block, type_size = GGML_QUANT_SIZES[qtype]
@@ -24,9 +24,9 @@ def random_blocks(qtype: T, rows: int, row_blocks: int, seed: int) -> np.ndarray
     return raw.reshape(rows, row_blocks * type_size)
 
 
-def _fp16_offsets(qtype: T) -> list[int]:
-    return {T.Q4_0: [0], T.Q5_0: [0], T.Q8_0: [0], T.Q4_1: [0, 2], T.Q5_1: [0, 2],
-            T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}[qtype]
+def _fp16_offsets(qtype: Q) -> list[int]:
+    return {Q.Q4_0: [0], Q.Q5_0: [0], Q.Q8_0: [0], Q.Q4_1: [0, 2], Q.Q5_1: [0, 2],
+            Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}[qtype]
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS + QUANTIZABLE[2:])
@@ -38,42 +38,42 @@ def test_random_blocks_match_gguf(qtype):
     np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 
-@pytest.mark.parametrize("qtype", [T.F32] + QUANTIZABLE)
+@pytest.mark.parametrize("qtype", [Q.F32] + QUANTIZABLE)
 def test_quantized_weights_match_gguf(qtype):
     values = np.random.default_rng(0).standard_normal((6, 256)).astype(np.float32) * 3
-    stored = values if qtype == T.F32 else quants.quantize(values, qtype)
+    stored = values if qtype == Q.F32 else quants.quantize(values, qtype)
     ours = dequantize(stored.view(np.uint8), qtype).numpy()  # GGUF tensors are read as bytes
-    ref = values if qtype == T.F32 else quants.dequantize(stored, qtype)
+    ref = values if qtype == Q.F32 else quants.dequantize(stored, qtype)
     np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
 
 
 def test_every_listed_type_has_a_torch_dequantizer():
-    listed = {T.F32, T.F16, T.BF16, *QUANTIZABLE, *K_QUANTS}
+    listed = {Q.F32, Q.F16, Q.BF16, *QUANTIZABLE, *K_QUANTS}
     assert listed <= set(BLOCK_DEQUANTIZERS)
 
 
 def test_other_types_fall_back_to_gguf():
-    raw = random_blocks(T.Q4_0, rows=2, row_blocks=2, seed=1)  # any bytes decode as IQ4_NL
-    iq4 = np.zeros((2, 2 * GGML_QUANT_SIZES[T.IQ4_NL][1]), dtype=np.uint8)
+    raw = random_blocks(Q.Q4_0, rows=2, row_blocks=2, seed=1)  # any bytes decode as IQ4_NL
+    iq4 = np.zeros((2, 2 * GGML_QUANT_SIZES[Q.IQ4_NL][1]), dtype=np.uint8)
     iq4[:] = raw[:, :iq4.shape[1]]
-    np.testing.assert_array_equal(dequantize(iq4, T.IQ4_NL).numpy(), quants.dequantize(iq4, T.IQ4_NL))
+    np.testing.assert_array_equal(dequantize(iq4, Q.IQ4_NL).numpy(), quants.dequantize(iq4, Q.IQ4_NL))
 
 
 def test_unsupported_type_names_tensor_and_type():
-    raw = np.zeros((1, GGML_QUANT_SIZES[T.Q8_K][1]), dtype=np.uint8)
+    raw = np.zeros((1, GGML_QUANT_SIZES[Q.Q8_K][1]), dtype=np.uint8)
     with pytest.raises(UserError, match="blk.3.ffn_up.weight.*Q8_K"):
-        dequantize(raw, T.Q8_K, name="blk.3.ffn_up.weight")
+        dequantize(raw, Q.Q8_K, name="blk.3.ffn_up.weight")
 
 
 def test_dequantizes_on_the_requested_device():
-    raw = random_blocks(T.Q4_K, rows=2, row_blocks=1, seed=3)
+    raw = random_blocks(Q.Q4_K, rows=2, row_blocks=1, seed=3)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    out = dequantize(raw, T.Q4_K, device=device)
+    out = dequantize(raw, Q.Q4_K, device=device)
     assert out.device.type == device and out.dtype == torch.float32
-    np.testing.assert_array_equal(out.cpu().numpy(), quants.dequantize(raw, T.Q4_K))
+    np.testing.assert_array_equal(out.cpu().numpy(), quants.dequantize(raw, Q.Q4_K))
 
 
-@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q6_K])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch):
     """Pieces that end inside a row give gguf-py's float32 values, cast to the compute dtype."""

@@ -66,9 +66,11 @@ def attention_reference(x, wq, wk, wv, wo, n_head, n_kv, scale):
 
 def random_attention(key_dim=8, value_dim=12, n_head=4, n_kv=2, hidden=16, cls=Attention):
     g = torch.Generator().manual_seed(0)
-    w = {"q": torch.randn(n_head * key_dim, hidden, generator=g), "k": torch.randn(n_kv * key_dim, hidden, generator=g),
-         "v": torch.randn(n_kv * value_dim, hidden, generator=g), "o": torch.randn(hidden, n_head * value_dim, generator=g)}
-    spec = AttentionSpec(n_head=n_head, n_kv=n_kv, key_dim=key_dim, value_dim=value_dim, scale=key_dim ** -0.5, rope=None)
+    shapes = {"q": (n_head * key_dim, hidden), "k": (n_kv * key_dim, hidden), "v": (n_kv * value_dim, hidden),
+              "o": (hidden, n_head * value_dim)}
+    w = {name: torch.randn(*shape, generator=g) for name, shape in shapes.items()}
+    spec = AttentionSpec(n_head=n_head, n_kv=n_kv, key_dim=key_dim, value_dim=value_dim, scale=key_dim ** -0.5,
+                         rope=None)
     return cls({k: v.double() for k, v in w.items()}, spec, eps=1e-6), w
 
 

@@ -1,11 +1,11 @@
-"""The chunked recurrent kernels equal their step-by-step references, and a scan split in two
+"""The blockwise recurrent kernels equal their step-by-step references, and a scan split in two
 with the state handed over equals the scan in one piece (float64, lengths that are not
-multiples of the chunk)."""
+multiples of the block)."""
 import pytest
 import torch
 
-from pipeline.model.arch.delta_net import delta_rule_chunked, delta_rule_reference, l2_norm
-from pipeline.model.arch.ssm import causal_conv1d, ssd_chunked, ssd_reference
+from pipeline.model.arch.delta_net import delta_rule_blockwise, delta_rule_reference, l2_norm
+from pipeline.model.arch.ssm import causal_conv1d, ssd_blockwise, ssd_reference
 
 F64 = dict(dtype=torch.float64)
 TOL = dict(rtol=0, atol=1e-10)
@@ -26,35 +26,35 @@ def delta_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
             torch.rand(b, T, h, generator=g, **F64))
 
 
-# kernel -> (inputs, step-by-step reference, chunked form, shape of its state)
-KERNELS = {"ssd": (ssd_inputs, ssd_reference, ssd_chunked, (2, 3, 5, 4)),
-           "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_chunked, (2, 3, 8, 6))}
+# kernel -> (inputs, step-by-step reference, blockwise form, shape of its state)
+KERNELS = {"ssd": (ssd_inputs, ssd_reference, ssd_blockwise, (2, 3, 5, 4)),
+           "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6))}
 
 
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize("T", [1, 63, 64, 150])
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
-def test_chunked_kernel_equals_reference(kernel, T, with_state):
-    inputs, reference, chunked, state_shape = KERNELS[kernel]
+def test_blockwise_kernel_equals_reference(kernel, T, with_state):
+    inputs, reference, blockwise, state_shape = KERNELS[kernel]
     args = inputs(T=T)
     state = torch.randn(*state_shape, **F64) if with_state else None
     out_ref, state_ref = reference(*args, state)
-    out, final = chunked(*args, state)
+    out, final = blockwise(*args, state)
     torch.testing.assert_close(out, out_ref, **TOL)
     torch.testing.assert_close(final, state_ref, **TOL)
 
 
 def test_scans_continue_from_a_handed_over_state():
     x, dt, A, B, C = ssd_inputs(T=150)
-    whole, _ = ssd_chunked(x, dt, A, B, C)
-    head, s = ssd_chunked(x[:, :70], dt[:, :70], A, B[:, :70], C[:, :70])
-    tail, _ = ssd_chunked(x[:, 70:], dt[:, 70:], A, B[:, 70:], C[:, 70:], s)
+    whole, _ = ssd_blockwise(x, dt, A, B, C)
+    head, s = ssd_blockwise(x[:, :70], dt[:, :70], A, B[:, :70], C[:, :70])
+    tail, _ = ssd_blockwise(x[:, 70:], dt[:, 70:], A, B[:, 70:], C[:, 70:], s)
     torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
 
     q, k, v, g, beta = delta_inputs(T=150)
-    whole, _ = delta_rule_chunked(q, k, v, g, beta)
-    head, s = delta_rule_chunked(q[:, :70], k[:, :70], v[:, :70], g[:, :70], beta[:, :70])
-    tail, _ = delta_rule_chunked(q[:, 70:], k[:, 70:], v[:, 70:], g[:, 70:], beta[:, 70:], s)
+    whole, _ = delta_rule_blockwise(q, k, v, g, beta)
+    head, s = delta_rule_blockwise(q[:, :70], k[:, :70], v[:, :70], g[:, :70], beta[:, :70])
+    tail, _ = delta_rule_blockwise(q[:, 70:], k[:, 70:], v[:, 70:], g[:, 70:], beta[:, 70:], s)
     torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
 
 

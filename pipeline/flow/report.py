@@ -73,9 +73,9 @@ def print_report(r: dict, per_window: bool = False) -> None:
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
     if per_window:
-        print(f"\n{'window':>6}  {'tokens':>6}  {'mean NLL':>9}  {'running PPL':>11}")
+        print(f"\n{'sequence':>8}  {'tokens':>6}  {'mean NLL':>9}  {'running PPL':>11}")
         for w in r["per_window"]:
-            print(f"{w['window']:>6}  {w['tokens']:>6}  {w['mean_nll']:>9.4f}  {w['running_ppl']:>11.4f}")
+            print(f"{w['window']:>8}  {w['tokens']:>6}  {w['mean_nll']:>9.4f}  {w['running_ppl']:>11.4f}")
     if r["chunks"] < r["chunks_available"]:
-        print(f"\nScored {r['chunks']} of the corpus's {r['chunks_available']} windows: "
+        print(f"\nScored {r['chunks']} of the corpus's {r['chunks_available']} sequences: "
               f"add --chunks 0 to score the whole corpus.")

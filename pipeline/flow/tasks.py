@@ -44,12 +44,12 @@ class RunTask(luigi.Task):
     corpus = luigi.Parameter(default="", description="corpus text file (overrides the task's corpus)")
     tokens_file = luigi.Parameter(default="", description="pre-tokenized ids (.npy or whitespace-separated)")
     method = luigi.Parameter(default="", description="llama-cpp or stride (default: the task's)")
-    ctx = luigi.IntParameter(default=0, description="tokens per corpus window (default: the task's)")
+    ctx = luigi.IntParameter(default=0, description="tokens per sequence (default: the task's)")
     stride = luigi.IntParameter(default=0, description="stride method: tokens between windows (default ctx/2)")
     unscored_prefix = luigi.IntParameter(default=-1, description="llama-cpp: unscored positions (default ctx/2)")
-    chunks = luigi.IntParameter(default=-1, description="corpus windows to score, 0 = all (default: the task's)")
+    chunks = luigi.IntParameter(default=-1, description="sequences to score, 0 = all (default: the task's)")
     bos = luigi.ChoiceParameter(choices=["auto", "yes", "no"], default="auto", description="BOS handling")
-    windows_per_chunk = luigi.IntParameter(default=4, description="corpus windows per Zarr chunk and batch")
+    windows_per_chunk = luigi.IntParameter(default=4, description="sequences per Zarr chunk and batch")
     run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
     keep_boundaries = luigi.BoolParameter(default=False, significant=False,
                                           description="keep boundaries after their consumer completed")
@@ -180,7 +180,7 @@ class Tokenize(OutputTask):
     def execute(self):
         from ..gguf_io.reader import open_gguf
         from ..gguf_io.tokenizer import load_tokenizer
-        from ..run.corpus_plan import plan_windows
+        from ..run.corpus_plan import plan_sequences
         from ..run.evaltask import corpus_text
         from ..run.spec import read_tokens_file
         from ..store.arrays import save_plan
@@ -196,13 +196,14 @@ class Tokenize(OutputTask):
         vocab = s.gguf.metadata[Keys.Tokenizer.LIST].count
         if tokens.size and not 0 <= int(tokens.min()) <= int(tokens.max()) < vocab:
             raise UserError(f"token ids range over [{tokens.min()}, {tokens.max()}], outside the vocabulary of {vocab}")
-        plan = plan_windows(tokens, s.method, s.bos_id)
+        plan = plan_sequences(tokens, s.method, s.bos_id)
         attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
                  "method": s.method.as_dict()}
         save_plan(work / "tokens.zarr", tokens, plan, self.windows_per_chunk, attrs)
-        log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_windows} of {plan.available} windows of "
+        log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_sequences} of {plan.available} sequences of "
                  f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
-        self.commit(n_tokens=int(tokens.size), n_windows=plan.n_windows,
+        # manifest keys as every Tokenize output so far has them
+        self.commit(n_tokens=int(tokens.size), n_windows=plan.n_sequences,
                     available_windows=plan.available, tokens_scored=plan.tokens_scored)
 
 
@@ -219,12 +220,12 @@ class PlacedTask(OutputTask):
     def windows(self):
         return parse_placement(self.placement)
 
-    def corpus_windows(self, n_windows: int) -> range:
-        """The corpus windows of this task's shard: whole Zarr chunks, so that every batch, and
+    def shard_sequences(self, n_sequences: int) -> range:
+        """The sequences of this task's shard: whole Zarr chunks, so that every batch, and
         so every number, is the one a single chain computes."""
-        n_chunks = -(-n_windows // self.windows_per_chunk)
+        n_chunks = -(-n_sequences // self.windows_per_chunk)
         first, last = (n_chunks * k // self.shards * self.windows_per_chunk for k in (self.shard, self.shard + 1))
-        return range(first, min(last, n_windows))
+        return range(first, min(last, n_sequences))
 
     def shard_identity(self) -> dict:
         return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
@@ -311,14 +312,16 @@ class Embed(PlacedTask):
         import torch
 
         from ..model.arch import load_architecture
+        from ..run.preflight import check_disk
 
         s = self.spec()
         work = self.begin()
         arch = load_architecture(s.gguf)
         plan, _ = self.plan()
-        mine = self.corpus_windows(plan.n_windows)
+        mine = self.shard_sequences(plan.n_sequences)
         shape = (len(mine), s.method.ctx, arch.hp.hidden)
-        self.check_disk(shape)
+        alive = len(self.windows()) + 1 if self.keep_boundaries else 2  # boundaries on disk at once
+        check_disk(shape, self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)), self.run_root)
         per = self.windows_per_chunk
 
         def read(i):  # [windows, ctx] token ids
@@ -329,16 +332,6 @@ class Embed(PlacedTask):
             return arch.embed(ids, "cpu", torch.float32).numpy()
 
         self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, read, lambda: compute))
-
-    def check_disk(self, shape: tuple[int, int, int]) -> None:
-        """Refuse a pass whose boundaries (and scores) cannot fit on the run root's disk."""
-        alive = len(self.windows()) + 1 if self.keep_boundaries else 2
-        width = 4 if self.boundary_dtype == "float32" else 2
-        need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1]
-        free = outputs.free_bytes(location(self.run_root))
-        if free is not None and need > free:
-            raise UserError(f"the pass needs about {need / 2**30:.2f} GiB under {self.run_root} "
-                            f"({alive} boundaries of {shape}) but {free / 2**30:.2f} GiB are free")
 
 
 class LayerWindow(PlacedTask):
@@ -422,7 +415,7 @@ class Score(PlacedTask):
 
         from ..model import kld
         from ..model.arch import load_architecture
-        from ..model.scoring import window_scores
+        from ..model.scoring import sequence_scores
 
         device = resolve_device(self.device())
         dtype = getattr(torch, self.dtype_name(device))
@@ -430,7 +423,7 @@ class Score(PlacedTask):
         plan, _ = self.plan()
         sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
         n, ctx, _ = sources[0].array.shape
-        offset = self.corpus_windows(plan.n_windows).start
+        offset = self.shard_sequences(plan.n_sequences).start
         fields = kld.FIELDS if self.kl_base else ("nll",)
 
         def load():
@@ -441,10 +434,10 @@ class Score(PlacedTask):
                 # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
                 hidden = [torch.from_numpy(h) for h in hidden]
                 out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
-                for j, local in enumerate(range(*sources[0].windows(i).indices(n))):
+                for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
                     w = offset + local
                     lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
-                    out[j, lo:hi] = window_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
+                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
                 return out
             return compute
 
@@ -453,15 +446,15 @@ class Score(PlacedTask):
         self.commit(device=device, fields=list(fields), **stats)
 
     def scored(self) -> list[np.ndarray]:
-        """The completed output: per corpus window of the shard, [scored tokens, fields]."""
+        """The completed output: per sequence of the shard, [scored tokens, fields]."""
         plan, _ = self.plan()
-        offset = self.corpus_windows(plan.n_windows).start
+        offset = self.shard_sequences(plan.n_sequences).start
         rows = _read_all(self.out_dir() / "tokens.zarr")
         return [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(rows, start=offset)]
 
 
 def score_result(scores: list) -> dict:
-    """PPL, per-window figures (and KLD) over the shards' Score outputs, in corpus order."""
+    """PPL, per-sequence figures (and KLD) over the shards' Score outputs, in corpus order."""
     from ..model import kld
     from ..model.scoring import summarize
 
@@ -488,7 +481,7 @@ class PerplexityRun(RunTask):
                                    description="device for the placed windows")
     compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
-    per_window = luigi.BoolParameter(default=False, description="print per-window NLL and running PPL")
+    per_window = luigi.BoolParameter(default=False, description="print each sequence's mean NLL and the running PPL")
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
     kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
                                                       "(alias, GGUF path, or the result JSON of its run)")
@@ -498,7 +491,7 @@ class PerplexityRun(RunTask):
     def placement(self, check_memory: bool = True) -> list:
         """The layer windows; before a pass (not when reporting one) checked against memory."""
         from ..model.arch import load_architecture
-        from ..run.preflight import preflight
+        from ..run.preflight import check_memory
 
         s = self.spec()
         hp = load_architecture(s.gguf).hp
@@ -507,7 +500,7 @@ class PerplexityRun(RunTask):
         check_tiling(windows, hp.n_layers)
         if check_memory:
             dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
-            preflight(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
+            check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
         return windows
 
     def base_model(self) -> str:

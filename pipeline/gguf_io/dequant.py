@@ -7,7 +7,7 @@ numpy dequantizers, so the results are bit-identical to `gguf.quants.dequantize`
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, quants
-from gguf import GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as Q
 
 from ..errors import UserError
 
@@ -162,9 +162,9 @@ def bf16(b):
 
 
 BLOCK_DEQUANTIZERS = {
-    T.F32: f32, T.F16: f16, T.BF16: bf16,
-    T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
-    T.Q2_K: q2_k, T.Q3_K: q3_k, T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k,
+    Q.F32: f32, Q.F16: f16, Q.BF16: bf16,
+    Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0,
+    Q.Q2_K: q2_k, Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k,
 }
 
 
@@ -173,7 +173,7 @@ BLOCK_DEQUANTIZERS = {
 PIECE_VALUES = 1 << 19
 
 
-def dequantize(raw: np.ndarray, qtype: T, device: torch.device | str = "cpu", name: str = "",
+def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", name: str = "",
                dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
     float32 values cast to `dtype`, piece by piece; into `out` where it is given (a contiguous
@@ -195,7 +195,7 @@ def dequantize(raw: np.ndarray, qtype: T, device: torch.device | str = "cpu", na
     return out
 
 
-def _fallback(raw: np.ndarray, qtype: T, device, name: str) -> torch.Tensor:
+def _fallback(raw: np.ndarray, qtype: Q, device, name: str) -> torch.Tensor:
     try:
         values = quants.dequantize(np.asarray(raw), qtype)
     except NotImplementedError:

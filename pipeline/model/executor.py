@@ -2,8 +2,8 @@
 
 Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
 [B, T, hidden] so the caller can store them wherever it likes. Each of the B rows is one
-corpus window: recurrent layers start every row from a zero state, so nothing crosses a
-corpus window or a layer cut. The weights of the window are one block (weight_block.py),
+sequence: recurrent layers start every row from a zero state, so nothing crosses a
+sequence or a layer cut. The weights of the window are one block (weight_block.py),
 which on the CPU a released window leaves to the next.
 """
 import torch

@@ -59,9 +59,9 @@ def token_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def window_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: int, hi: int,
+def sequence_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: int, hi: int,
                   device, dtype) -> np.ndarray:
-    """hidden [T, hidden] of one corpus window (and of the KL base's, with its head) -> the
+    """hidden [T, hidden] of one sequence (and of the KL base's, with its head) -> the
     figures of targets ids[lo:hi], float64 [hi - lo, fields]: the NLL alone, or kld.FIELDS."""
     from .kld import token_stats
 
@@ -79,16 +79,17 @@ def window_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: 
     return torch.cat(out).double().cpu().numpy()
 
 
-def summarize(nll_per_window: list[np.ndarray]) -> dict:
-    """PPL and its error the way llama-perplexity computes them, plus per-window figures."""
-    all_nll = np.concatenate(nll_per_window)
+def summarize(nll_per_sequence: list[np.ndarray]) -> dict:
+    """PPL and its error the way llama-perplexity computes them, plus per-sequence figures (the
+    result's `per_window` list, named as the --per-window option)."""
+    all_nll = np.concatenate(nll_per_sequence)
     n = all_nll.size
     mean = float(all_nll.sum() / n)
     var = float((all_nll ** 2).sum() / n - mean ** 2)
     ppl = math.exp(mean)
     stderr = ppl * math.sqrt(var / (n - 1)) if n > 1 and var > 0 else 0.0
     per_window, total, count = [], 0.0, 0
-    for i, w in enumerate(nll_per_window):
+    for i, w in enumerate(nll_per_sequence):
         total, count = total + float(w.sum()), count + w.size
         per_window.append({"window": i, "tokens": int(w.size), "mean_nll": float(w.mean()),
                            "running_ppl": math.exp(total / count)})

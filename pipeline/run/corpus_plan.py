@@ -1,12 +1,13 @@
-"""Corpus window plan: which tokens each corpus window holds and which of them are scored.
+"""Sequence plan: the corpus cut into sequences of ctx tokens (what the model sees at once;
+llama-perplexity's "chunks"), and which tokens of each are scored.
 
 One source of truth for both methods:
-- `llama-cpp`: floor(n / ctx) non-overlapping windows, the first token of each replaced by BOS
-  where BOS is used, only the second half scored (targets at ctx/2+1 .. ctx-1), as
+- `llama-cpp`: floor(n / ctx) non-overlapping sequences, the first token of each replaced by
+  BOS where BOS is used, only the second half scored (targets at ctx/2+1 .. ctx-1), as
   llama-perplexity does.
-- `stride`: windows every `stride` tokens, each token scored once with the longest context
-  available (the Hugging Face fixed-length recipe); the last window is aligned to the end.
-Scored targets of window w are positions [lo[w], hi[w]), predicted from positions [lo-1, hi-1).
+- `stride`: a sequence every `stride` tokens, each token scored once with the longest context
+  available (the Hugging Face fixed-length recipe); the last sequence is aligned to the end.
+Scored targets of sequence s are positions [lo[s], hi[s]), predicted from positions [lo-1, hi-1).
 """
 from dataclasses import asdict, dataclass
 
@@ -23,8 +24,8 @@ class Method:
     ctx: int = 512
     stride: int = 0            # stride method only; 0 means ctx / 2
     unscored_prefix: int = -1  # llama-cpp only; -1 means ctx / 2 (the logits not scored)
-    chunks: int = 0            # windows kept from the start; 0 means all
-    bos: bool = False          # BOS at the corpus start, and (llama-cpp) at each window start
+    chunks: int = 0            # sequences kept from the start (--chunks); 0 means all
+    bos: bool = False          # BOS at the corpus start, and (llama-cpp) at each sequence start
 
     def __post_init__(self):
         if self.name not in METHODS:
@@ -54,14 +55,14 @@ class Method:
 
 
 @dataclass
-class WindowPlan:
-    ids: np.ndarray       # [n_windows, ctx] int32 model input
-    score_lo: np.ndarray  # [n_windows] first scored target position
-    score_hi: np.ndarray  # [n_windows] one past the last scored target position
-    available: int        # windows the whole corpus gives before --chunks
+class SequencePlan:
+    ids: np.ndarray       # [n_sequences, ctx] int32 model input
+    score_lo: np.ndarray  # [n_sequences] first scored target position
+    score_hi: np.ndarray  # [n_sequences] one past the last scored target position
+    available: int        # sequences the whole corpus gives before --chunks
 
     @property
-    def n_windows(self) -> int:
+    def n_sequences(self) -> int:
         return self.ids.shape[0]
 
     @property
@@ -69,15 +70,15 @@ class WindowPlan:
         return int((self.score_hi - self.score_lo).sum())
 
 
-def plan_windows(tokens: np.ndarray, m: Method, bos_id: int | None) -> WindowPlan:
+def plan_sequences(tokens: np.ndarray, m: Method, bos_id: int | None) -> SequencePlan:
     tokens = np.asarray(tokens, dtype=np.int32)
     plan = _llama_cpp(tokens, m, bos_id) if m.name == "llama-cpp" else _stride(tokens, m)
     if m.chunks:
-        plan = WindowPlan(plan.ids[:m.chunks], plan.score_lo[:m.chunks], plan.score_hi[:m.chunks], plan.available)
+        plan = SequencePlan(plan.ids[:m.chunks], plan.score_lo[:m.chunks], plan.score_hi[:m.chunks], plan.available)
     return plan
 
 
-def _llama_cpp(tokens: np.ndarray, m: Method, bos_id: int | None) -> WindowPlan:
+def _llama_cpp(tokens: np.ndarray, m: Method, bos_id: int | None) -> SequencePlan:
     n = len(tokens) // m.ctx
     if n < 2:
         raise UserError(f"the corpus has {len(tokens)} tokens; the llama-cpp method needs at least "
@@ -86,10 +87,10 @@ def _llama_cpp(tokens: np.ndarray, m: Method, bos_id: int | None) -> WindowPlan:
     if m.bos:
         ids[:, 0] = bos_id
     lo = np.full(n, m.effective_prefix + 1, dtype=np.int32)
-    return WindowPlan(ids, lo, np.full(n, m.ctx, dtype=np.int32), n)
+    return SequencePlan(ids, lo, np.full(n, m.ctx, dtype=np.int32), n)
 
 
-def _stride(tokens: np.ndarray, m: Method) -> WindowPlan:
+def _stride(tokens: np.ndarray, m: Method) -> SequencePlan:
     total, ctx, stride = len(tokens), m.ctx, m.effective_stride
     if total < ctx:
         raise UserError(f"the corpus has {total} tokens; the stride method needs at least ctx = {ctx}")
@@ -101,4 +102,4 @@ def _stride(tokens: np.ndarray, m: Method) -> WindowPlan:
     for s in starts:
         lo.append(done - s)
         done = s + ctx
-    return WindowPlan(ids, np.array(lo, dtype=np.int32), np.full(len(starts), ctx, dtype=np.int32), len(starts))
+    return SequencePlan(ids, np.array(lo, dtype=np.int32), np.full(len(starts), ctx, dtype=np.int32), len(starts))

@@ -1,6 +1,9 @@
-"""Memory preflight: what a layer window needs against what its device has, checked before a
-pass starts, so that a run that cannot fit is refused with the window size that does fit
-instead of swapping or being killed half way."""
+"""Preflight: what a pass needs against what its devices and its disk have, so that a run
+that cannot fit is refused in one line (with the window size that does fit) instead of
+swapping, filling the disk or being killed half way.
+
+Memory is checked before a pass starts; the disk once the corpus is tokenized and the number
+of sequences, so the size of a boundary, is known (before the first boundary is written)."""
 import os
 from pathlib import Path
 
@@ -71,8 +74,8 @@ def check_windows_fit(windows, per_layer: list[int], fixed: int, dtype_names: di
             f"{available[w.device] / GiB:.1f} GiB are available; {advice}")
 
 
-def preflight(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, ctx: int,
-              dtype_names: dict[str, str]) -> None:
+def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, ctx: int,
+                 dtype_names: dict[str, str]) -> None:
     """Check every window of a placement against its device's memory before the pass starts."""
     import torch
 
@@ -99,3 +102,13 @@ def check_head_fits(gguf: GGUFIndex, device: str, dtype_name: str, element_size:
         raise UserError(f"the LM head ({name}) on {device} needs about {need / GiB:.1f} GiB "
                         f"({weights / GiB:.1f} GiB of {dtype_name} weights) but {available / GiB:.1f} GiB "
                         f"are available{advice}")
+
+
+def check_disk(shape: tuple[int, int, int], boundary_dtype: str, alive: int, free: int | None, run_root: str) -> None:
+    """Refuse a pass whose boundaries ([sequences, ctx, hidden], `alive` of them on disk at
+    once) and scores cannot fit the `free` bytes of the run root's disk (None: an object store)."""
+    width = 4 if boundary_dtype == "float32" else 2
+    need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1]
+    if free is not None and need > free:
+        raise UserError(f"the pass needs about {need / GiB:.2f} GiB under {run_root} "
+                        f"({alive} boundaries of {shape}) but {free / GiB:.2f} GiB are free")

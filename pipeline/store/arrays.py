@@ -1,9 +1,9 @@
-"""Zarr stores: the window plan (token ids), boundaries (hidden state at a layer cut) and
+"""Zarr stores: the sequence plan (token ids), boundaries (hidden state at a layer cut) and
 per-token scores.
 
-Arrays are chunked along their first axis by whole corpus windows (`per_chunk` of them),
+Arrays are chunked along their first axis by whole sequences (`per_chunk` of them),
 compressed with Blosc/LZ4 and carry a crc32c checksum per chunk, so a damaged chunk is
-detected when it is read. A boundary is [n_windows, ctx, hidden], read and written as float32
+detected when it is read. A boundary is [n_sequences, ctx, hidden], read and written as float32
 and stored as float32, float16 or bfloat16; Zarr has no bfloat16, so those are stored as the
 uint16 bit patterns with the real dtype recorded in the attributes. Knows no model.
 """
@@ -14,7 +14,7 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
 from ..errors import UserError
-from ..run.corpus_plan import WindowPlan
+from ..run.corpus_plan import SequencePlan
 
 
 def _codecs():
@@ -85,7 +85,8 @@ class ChunkedArray:
     def n_chunks(self) -> int:
         return -(-self.array.shape[0] // self.per_chunk)
 
-    def windows(self, i: int) -> slice:
+    def sequences(self, i: int) -> slice:
+        """The sequences (rows along the first axis) of chunk i."""
         return slice(i * self.per_chunk, min((i + 1) * self.per_chunk, self.array.shape[0]))
 
     def chunk_file(self, i: int) -> Path:
@@ -96,7 +97,7 @@ class ChunkedArray:
         if not self.chunk_file(i).is_file():
             return False
         try:
-            self.array[self.windows(i)]
+            self.array[self.sequences(i)]
         except ValueError:
             return False
         return True
@@ -106,16 +107,16 @@ class ChunkedArray:
             raise UserError(f"chunk {i} of {self.path} is missing; the output was removed or damaged: "
                             f"delete that task's folder ({self.path.parent}) and rerun to recompute it")
         try:
-            return decode(self.array[self.windows(i)], self.dtype)
+            return decode(self.array[self.sequences(i)], self.dtype)
         except ValueError as e:
             raise UserError(f"chunk {i} of {self.path} is corrupted ({e}); delete that task's "
                             f"folder ({self.path.parent}) and rerun to recompute it") from None
 
     def write_chunk(self, i: int, data: np.ndarray) -> None:
-        self.array[self.windows(i)] = encode(data, self.dtype)
+        self.array[self.sequences(i)] = encode(data, self.dtype)
 
 
-def save_plan(path: Path, tokens: np.ndarray, plan: WindowPlan, per_chunk: int, attrs: dict) -> None:
+def save_plan(path: Path, tokens: np.ndarray, plan: SequencePlan, per_chunk: int, attrs: dict) -> None:
     group = zarr.open_group(str(path), mode="w", attributes=attrs)
     group.create_array("tokens", data=np.asarray(tokens, dtype=np.int32), compressors=_codecs())
     group.create_array("ids", data=plan.ids, chunks=(per_chunk, plan.ids.shape[1]), compressors=_codecs())
@@ -123,8 +124,9 @@ def save_plan(path: Path, tokens: np.ndarray, plan: WindowPlan, per_chunk: int, 
     group.create_array("score_hi", data=plan.score_hi, compressors=_codecs())
 
 
-def load_plan(path: Path) -> tuple[WindowPlan, dict]:
+def load_plan(path: Path) -> tuple[SequencePlan, dict]:
     group = zarr.open_group(str(path), mode="r")
     attrs = group.attrs.asdict()
-    plan = WindowPlan(group["ids"][:], group["score_lo"][:], group["score_hi"][:], attrs["available_windows"])
+    # "available_windows": the attribute's name in every tokens.zarr written so far
+    plan = SequencePlan(group["ids"][:], group["score_lo"][:], group["score_hi"][:], attrs["available_windows"])
     return plan, attrs

@@ -46,14 +46,15 @@ def _tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], Q]]:
 
 def _copy_tokenizer(source: GGUFIndex, w: GGUFWriter) -> None:
     """The BPE tokenizer of `source` (a gpt2-style GGUF such as SmolLM2's)."""
-    meta, T = source.metadata, Keys.Tokenizer
-    w.add_tokenizer_model(meta[T.MODEL])
-    if T.PRE in meta:
-        w.add_tokenizer_pre(meta[T.PRE])
-    w.add_token_list(source.strings(T.LIST))
-    w.add_token_types([int(t) for t in np.asarray(meta[T.TOKEN_TYPE])])
-    w.add_token_merges(source.strings(T.MERGES))
-    for key, add in ((T.BOS_ID, w.add_bos_token_id), (T.EOS_ID, w.add_eos_token_id), (T.ADD_BOS, w.add_add_bos_token)):
+    meta, TK = source.metadata, Keys.Tokenizer
+    w.add_tokenizer_model(meta[TK.MODEL])
+    if TK.PRE in meta:
+        w.add_tokenizer_pre(meta[TK.PRE])
+    w.add_token_list(source.strings(TK.LIST))
+    w.add_token_types([int(t) for t in np.asarray(meta[TK.TOKEN_TYPE])])
+    w.add_token_merges(source.strings(TK.MERGES))
+    adders = {TK.BOS_ID: w.add_bos_token_id, TK.EOS_ID: w.add_eos_token_id, TK.ADD_BOS: w.add_add_bos_token}
+    for key, add in adders.items():
         if key in meta:
             add(meta[key])
 

@@ -50,7 +50,7 @@ class HParams:
 
 
 class Tables:
-    """RoPE tables and attention masks of one sequence length, built once per window task."""
+    """RoPE tables and attention masks of one sequence length, built once per layer-window task."""
 
     def __init__(self, n_pos: int, device, dtype):
         self.n_pos, self.device, self.dtype = n_pos, device, dtype

@@ -1,4 +1,4 @@
-"""Gated DeltaNet (Qwen3-Next, Qwen3.5 linear-attention layers): the gated delta rule in chunked
+"""Gated DeltaNet (Qwen3-Next, Qwen3.5 linear-attention layers): the gated delta rule in blockwise
 form and step by step, and the mixer that wires it as llama.cpp's qwen3next/qwen35 graphs do.
 
 Per head, with S [d_k, d_v]:  S = exp(g_t) S;  S += k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t.
@@ -9,9 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .blocks import Weights, rms_norm, wide
-from .ssm import causal_conv1d
-
-DELTA_CHUNK = 64
+from .ssm import SCAN_BLOCK, causal_conv1d
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -34,27 +32,27 @@ def delta_rule_reference(q, k, v, g, beta, state=None):
     return torch.stack(out, dim=1), s
 
 
-def delta_rule_chunked(q, k, v, g, beta, state=None, chunk: int = DELTA_CHUNK):
-    """The same rule over chunks of `chunk` tokens (WY form: one triangular solve per chunk,
-    then matrix products; the state is carried between chunks). Shapes as the reference."""
+def delta_rule_blockwise(q, k, v, g, beta, state=None, block: int = SCAN_BLOCK):
+    """The same rule over blocks of `block` tokens (WY form: one triangular solve per block,
+    then matrix products; the state is carried between blocks). Shapes as the reference."""
     b, T, h, dk = k.shape
     dv = v.shape[-1]
-    pad = (-T) % chunk
+    pad = (-T) % block
     if pad:  # zero steps: g = 0, beta = 0 and k = 0 leave the state untouched
         q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
         g, beta = (F.pad(t, (0, 0, 0, pad)) for t in (g, beta))
-    n = q.shape[1] // chunk
+    n = q.shape[1] // block
     # [b, h, n, l, d] and [b, h, n, l]
-    q, k, v = (t.view(b, n, chunk, h, -1).permute(0, 3, 1, 2, 4) for t in (q, k, v))
-    g, beta = (t.view(b, n, chunk, h).permute(0, 3, 1, 2) for t in (g, beta))
+    q, k, v = (t.view(b, n, block, h, -1).permute(0, 3, 1, 2, 4) for t in (q, k, v))
+    g, beta = (t.view(b, n, block, h).permute(0, 3, 1, 2) for t in (g, beta))
     gc = torch.cumsum(g, dim=-1)
-    lower = torch.tril(torch.ones(chunk, chunk, dtype=torch.bool, device=q.device))
+    lower = torch.tril(torch.ones(block, block, dtype=torch.bool, device=q.device))
     decay = torch.exp((gc[..., :, None] - gc[..., None, :]).masked_fill(~lower, float("-inf")))  # [b,h,n,l,l]
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
     # (I + strictly-lower(beta_i k_i.k_j decay_ij)) W = [v_beta | k_beta exp(gc)]
-    diagonal = torch.eye(chunk, dtype=torch.bool, device=q.device)
+    diagonal = torch.eye(block, dtype=torch.bool, device=q.device)
     a = (k_beta @ k.transpose(-1, -2) * decay).masked_fill(lower.logical_not() | diagonal, 0)
-    system = a + torch.eye(chunk, dtype=q.dtype, device=q.device)
+    system = a + torch.eye(block, dtype=q.dtype, device=q.device)
     rhs = torch.cat([v_beta, k_beta * torch.exp(gc)[..., None]], dim=-1)
     solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
     u, w = solved.split([dv, dk], dim=-1)                                     # [b,h,n,l,dv], [b,h,n,l,dk]
@@ -67,7 +65,7 @@ def delta_rule_chunked(q, k, v, g, beta, state=None, chunk: int = DELTA_CHUNK):
         last = gc[:, :, i, -1:]                                               # [b, h, 1]
         k_decayed = k[:, :, i] * torch.exp(last - gc[:, :, i])[..., None]
         s = s * torch.exp(last)[..., None] + k_decayed.transpose(-1, -2) @ v_new
-    return out.permute(0, 2, 3, 1, 4).reshape(b, n * chunk, h, dv)[:, :T], s
+    return out.permute(0, 2, 3, 1, 4).reshape(b, n * block, h, dv)[:, :T], s
 
 
 class GatedDeltaNet(Weights):
@@ -107,7 +105,7 @@ class GatedDeltaNet(Weights):
         b, a = self.project_beta_alpha(x)
         beta = torch.sigmoid(wide(b))
         g = F.softplus(wide(a) + wide(w["dt_bias"])) * wide(w["A"])     # [B, T, n_v], <= 0
-        o, ssm_state = delta_rule_chunked(q * dk ** -0.5, k, v.view(B, T, nv, dv), g, beta, (state or {}).get("ssm"))
+        o, ssm_state = delta_rule_blockwise(q * dk ** -0.5, k, v.view(B, T, nv, dv), g, beta, (state or {}).get("ssm"))
         z = F.linear(x, w["gate"]).view(B, T, nv, dv)
         o = rms_norm(o, wide(w["norm"]), self.eps) * F.silu(wide(z))
         if state is not None:

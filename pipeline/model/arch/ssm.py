@@ -1,8 +1,8 @@
-"""Mamba2 (state-space duality): the causal depthwise conv1d, the selective scan in chunked form
+"""Mamba2 (state-space duality): the causal depthwise conv1d, the selective scan in blockwise form
 and step by step, and the mixer that wires them as llama.cpp's `build_mamba2_layer` does.
 
 Recurrent state lives in a dict the caller may pass (keys "conv", "ssm"); without one every
-batch row starts from zeros, which is what a pass over independent corpus windows needs.
+batch row starts from zeros, which is what a pass over independent sequences needs.
 Scans run in float32 (or wider) whatever the compute dtype.
 """
 import torch
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from .blocks import Weights, rms_norm, wide
 
-SSD_CHUNK = 64
+SCAN_BLOCK = 64
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -50,32 +50,32 @@ def _segsum(a: torch.Tensor) -> torch.Tensor:
     return seg.masked_fill(~torch.tril(torch.ones(L, L, dtype=torch.bool, device=a.device)), float("-inf"))
 
 
-def ssd_chunked(x, dt, A, B, C, state=None, chunk: int = SSD_CHUNK):
-    """The same scan in chunks of `chunk` tokens: quadratic inside a chunk, a state passed
-    between chunks (Mamba2's SSD algorithm). Shapes as `ssd_reference`."""
+def ssd_blockwise(x, dt, A, B, C, state=None, block: int = SCAN_BLOCK):
+    """The same scan in blocks of `block` tokens: quadratic inside a block, a state passed
+    between blocks (Mamba2's SSD algorithm). Shapes as `ssd_reference`."""
     b, T, h, p = x.shape
     n = B.shape[-1]
-    pad = (-T) % chunk
+    pad = (-T) % block
     if pad:  # zero steps: dt = 0 leaves the state untouched and adds nothing
         x, dt, B, C = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (x, dt, B, C))
-    c = x.shape[1] // chunk
-    X = (x * dt[..., None]).view(b, c, chunk, h, p)
-    Bc, Cc = B.view(b, c, chunk, h, n), C.view(b, c, chunk, h, n)
-    a = (dt * A).view(b, c, chunk, h).permute(0, 3, 1, 2)                      # [b, h, c, l]
+    c = x.shape[1] // block
+    X = (x * dt[..., None]).view(b, c, block, h, p)
+    Bc, Cc = B.view(b, c, block, h, n), C.view(b, c, block, h, n)
+    a = (dt * A).view(b, c, block, h).permute(0, 3, 1, 2)                      # [b, h, c, l]
     a_cum = torch.cumsum(a, dim=-1)
-    # within each chunk
+    # within each block
     L = torch.exp(_segsum(a))                                                  # [b, h, c, l, l]
     y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, L, X)
-    # state each chunk leaves behind, then carried across chunks
+    # state each block leaves behind, then carried across blocks
     decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)                         # [b, h, c, l]
     states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)     # [b, c, h, p, n]
     init = x.new_zeros(b, 1, h, p, n) if state is None else state[:, None]
     states = torch.cat([init, states], dim=1)                                 # [b, c+1, h, p, n]
-    chunk_decay = torch.exp(_segsum(F.pad(a_cum[..., -1], (1, 0))))           # [b, h, c+1, c+1]
-    states = torch.einsum("bhzc,bchpn->bzhpn", chunk_decay, states)
-    # what the incoming state adds to each position of its chunk
+    block_decay = torch.exp(_segsum(F.pad(a_cum[..., -1], (1, 0))))           # [b, h, c+1, c+1]
+    states = torch.einsum("bhzc,bchpn->bzhpn", block_decay, states)
+    # what the incoming state adds to each position of its block
     y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, states[:, :-1], torch.exp(a_cum))
-    return y.reshape(b, c * chunk, h, p)[:, :T], states[:, -1]
+    return y.reshape(b, c * block, h, p)[:, :T], states[:, -1]
 
 
 class Mamba2(Weights):
@@ -101,7 +101,7 @@ class Mamba2(Weights):
         xs = xs.view(Bsz, T, h, d // h)
         Bm, Cm = (m.view(Bsz, T, g, n).repeat_interleave(h // g, dim=2) for m in (Bm, Cm))  # [B, T, h, n]
         dt = F.softplus(wide(dt) + wide(w["dt_bias"]))                       # [B, T, h]
-        y, ssm_state = ssd_chunked(xs, dt, wide(w["A"]).view(h), Bm, Cm, (state or {}).get("ssm"))
+        y, ssm_state = ssd_blockwise(xs, dt, wide(w["A"]).view(h), Bm, Cm, (state or {}).get("ssm"))
         y = y + xs * wide(w["D"]).view(h, 1)
         y = (y.reshape(Bsz, T, d) * F.silu(wide(z))).view(Bsz, T, g, d // g)
         y = rms_norm(y, wide(w["norm"]), self.eps).reshape(Bsz, T, d).to(x.dtype)
