@@ -289,16 +289,26 @@ class PlacedTask(OutputTask):
         tokenize = self.clone(Tokenize)
         return load_plan(tokenize.out_dir() / "tokens.zarr")
 
-    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load) -> dict:
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, finite: bool = True) -> dict:
         """Write the chunks of this task's array at `path` that are missing or damaged
-        (store/chunk_writer.py), resuming what an interrupted run of this task left."""
+        (store/chunk_writer.py), resuming what an interrupted run of this task left; with
+        `finite`, a chunk holding a NaN or inf stops the task instead of being written."""
         from ..store.chunk_writer import fill, resumable_array
 
         out = resumable_array(path, shape, self.windows_per_chunk, dtype,
                               {"identity": self.identity(), "output": self.out_dir().name})
         label = self.label()
         return fill(out, read, load, label, self.clock,
-                    progress=lambda *args: console.show_progress(self, label, *args))
+                    progress=lambda *args: console.show_progress(self, label, *args),
+                    check=self.require_finite if finite else None)
+
+    def require_finite(self, i: int, values: np.ndarray) -> None:
+        """A NaN or inf is never a result: the pass stops, naming the task and the chunk."""
+        # one summing pass finds it (a NaN or inf propagates); the exact test only when the sum is not finite
+        if np.isfinite(values.sum()) or np.isfinite(values).all():
+            return
+        raise UserError(f"{self.label()}: a NaN or inf in chunk {i} of its output; the model file's weights or "
+                        f"the compute dtype's range give no finite number there")
 
 
 class Embed(PlacedTask):
@@ -431,18 +441,19 @@ class Score(PlacedTask):
             heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
 
             def compute(i, hidden):
-                # [windows in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
+                # [sequences in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
                 hidden = [torch.from_numpy(h) for h in hidden]
                 out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
                 for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
-                    w = offset + local
-                    lo, hi = int(plan.score_lo[w]), int(plan.score_hi[w])
-                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[w], lo, hi, device, dtype)
+                    s = offset + local
+                    lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
+                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype)
+                    self.require_finite(i, out[j, lo:hi])
                 return out
             return compute
 
         stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
-                          lambda i: [s.read_chunk(i) for s in sources], load)
+                          lambda i: [s.read_chunk(i) for s in sources], load, finite=False)  # NaN: not scored
         self.commit(device=device, fields=list(fields), **stats)
 
     def scored(self) -> list[np.ndarray]:

@@ -30,12 +30,14 @@ def resumable_array(path: Path, shape: tuple[int, ...], per_chunk: int, dtype: s
     return ChunkedArray.create(path, shape, per_chunk, dtype, attrs)
 
 
-def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = None, progress=None) -> dict:
+def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = None, progress=None,
+         check=None) -> dict:
     """Write every chunk of `out` that is missing or damaged: chunk i is `compute(i, read(i))`,
     with `compute = load()` called once, and only if a chunk is to be computed. A background
-    thread reads one chunk ahead (the first while `load` runs). Each chunk computed is
-    journalled beside the array (`journal.log`); `progress(done, total, computed, tokens,
-    started)` is called after each. Returns the counts for the task's manifest."""
+    thread reads one chunk ahead (the first while `load` runs). `check(i, data)` sees each
+    chunk before it is written and raises to stop the task without writing it. Each chunk
+    computed is journalled beside the array (`journal.log`); `progress(done, total, computed,
+    tokens, started)` is called after each. Returns the counts for the task's manifest."""
     clock = clock or Stopwatch()
     journal = out.path.parent / "journal.log"
     todo = [i for i in range(out.n_chunks) if not out.verified(i)]
@@ -55,6 +57,9 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
             ahead += [reader.submit(read, j) for j in todo[k:k + 1]]
             with clock("compute"):
                 data = compute(i, source)
+            if check is not None:
+                with clock("check"):
+                    check(i, data)
             failpoint("chunk-computed", label)
             failpoint("mid-chunk-write", label,
                       partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
