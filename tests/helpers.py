@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import luigi
+import torch
 
 from pipeline.paths import CORPORA, REPO_ROOT
 
@@ -51,3 +52,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def forward(path, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """Logits [B, T, vocab] of a GGUF model over ids [B, T]: the whole trunk, then the head."""
+    from pipeline.gguf_io.reader import GGUFIndex
+    from pipeline.model.arch import load_architecture
+    from pipeline.model.executor import WindowExecutor
+
+    arch = load_architecture(GGUFIndex(path))
+    with torch.inference_mode():
+        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype))
+        return arch.load_head("cpu", torch.float32)(hidden)
+
+
+def random_ids(n_rows=2, n_tokens=150, seed=1) -> torch.Tensor:
+    """Token ids of the tiny models' 384-entry vocabulary (tests/hf_models.py)."""
+    return torch.randint(1, 384, (n_rows, n_tokens), generator=torch.Generator().manual_seed(seed))

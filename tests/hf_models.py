@@ -75,6 +75,7 @@ class Spec:
     convert_args: tuple = ()
 
 
+YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, rope_theta=10000.0)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 SPECS = {
     "qwen3": Spec("Qwen3Config", _common(intermediate_size=96, num_hidden_layers=3)),
@@ -84,6 +85,11 @@ SPECS = {
     "qwen3moe_wide": Spec("Qwen3MoeConfig", dict(_common(intermediate_size=256, num_hidden_layers=2,
                                                          decoder_sparse_step=1, mlp_only_layers=[], **MOE),
                                                  hidden_size=256, moe_intermediate_size=256, head_dim=64)),
+    # scaled RoPE: trained at 128 positions, extended four times (the tests score 150)
+    "qwen3_yarn": Spec("Qwen3Config", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=YARN)),
+    "llama_yarn": Spec("LlamaConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=YARN)),
+    "llama_linear": Spec("LlamaConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
+        rope_type="linear", factor=4.0, rope_theta=10000.0))),
     "mixtral": Spec("MixtralConfig", _common(intermediate_size=32, num_hidden_layers=3, num_local_experts=4,
                                              num_experts_per_tok=2)),
     "qwen3next": Spec("Qwen3NextConfig", _qwen_linear(intermediate_size=96, shared_expert_intermediate_size=32,

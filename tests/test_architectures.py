@@ -12,7 +12,7 @@ from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import load_architecture
 from pipeline.model.executor import WindowExecutor
 
-from .helpers import run_pipeline
+from .helpers import forward, random_ids, run_pipeline
 from .tiny_gguf import rewrite_gguf
 
 ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe"]
@@ -24,17 +24,6 @@ EXPECTED_ARCH = {"mixtral": "llama"}
 # decays and L2 norms amplify rounding). A wrong layout, sign or norm offset moves logits by > 0.1.
 ATOL = {"qwen3next": 5e-3, "qwen35": 5e-3, "qwen35moe": 5e-3}
 DEFAULT_ATOL = 2e-4
-
-
-def forward(path, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    arch = load_architecture(GGUFIndex(path))
-    with torch.inference_mode():
-        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype))
-        return arch.load_head("cpu", torch.float32)(hidden)
-
-
-def random_ids(n_rows=2, n_tokens=150, seed=1) -> torch.Tensor:
-    return torch.randint(1, 384, (n_rows, n_tokens), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize("name", ARCHS)

@@ -37,10 +37,13 @@ def write_tiny_gguf(path, arch: str = "llama", ffn_up_type: GGMLQuantizationType
     return path
 
 
-def rewrite_gguf(src, dst, transform):
-    """Copy a GGUF, metadata unchanged, with each tensor replaced by
-    transform(name, qtype, data) -> (data, qtype); data as gguf-py's reader holds it."""
+def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None):
+    """Copy a GGUF with each tensor replaced by transform(name, qtype, data) -> (data, qtype)
+    (data as gguf-py's reader holds it; None: unchanged) and the metadata keys in `metadata`
+    set to their values (None: removed; a new key's type follows the Python value's)."""
     from gguf import GGUFReader, GGUFValueType
+
+    metadata = dict(metadata or {})
 
     reader = GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
@@ -50,9 +53,14 @@ def rewrite_gguf(src, dst, transform):
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        w.add_key_value(name, field.contents(), vtype, sub_type=sub)
+        value = metadata.pop(name, field.contents())
+        if value is not None:
+            w.add_key_value(name, value, vtype, sub_type=sub)
+    for name, value in metadata.items():
+        if value is not None:
+            w.add_key_value(name, value, GGUFValueType.get_type(value))
     for t in reader.tensors:
-        data, qtype = transform(t.name, t.tensor_type, np.asarray(t.data))
+        data, qtype = (transform or (lambda n, q, d: (d, q)))(t.name, t.tensor_type, np.asarray(t.data))
         w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()

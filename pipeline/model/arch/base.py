@@ -22,8 +22,9 @@ from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
 from ..weight_block import WeightBlock
-from .blocks import Attention, AttentionSpec, RopeSpec, Weights, causal_mask, module_bytes, rms_norm, rope_tables
+from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
 from .ffn import MLP, MoE, Routing
+from .rope import RopeSpec, read_rope, rope_tables
 
 MT = MODEL_TENSOR
 
@@ -207,12 +208,7 @@ class DecoderArch:
         name = TENSOR_NAMES[MT.ROPE_FREQS] + ".weight"
         if name in self.gguf.tensors:
             factors = tuple(read_tensor(self.gguf, name, "cpu", torch.float32).tolist())
-        scale = 1.0
-        if self.key(Keys.Rope.SCALING_TYPE, "none") == "linear":
-            scale = float(self.key(Keys.Rope.SCALING_FACTOR, 1.0))
-        return RopeSpec(dim=int(self.key(Keys.Rope.DIMENSION_COUNT, self.hp.head_dim)),
-                        base=float(self.key(Keys.Rope.FREQ_BASE, 10000.0)), neox=self.neox_rope,
-                        scale=scale, freq_factors=factors)
+        return read_rope(self, int(self.key(Keys.Rope.DIMENSION_COUNT, self.hp.head_dim)), self.neox_rope, factors)
 
     # -- layers ----------------------------------------------------------------------------
     def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None) -> DecoderLayer:

@@ -1,10 +1,12 @@
 """Blocks shared by the architectures: the module that holds a block's tensors, RMSNorm,
-rotary embedding, attention."""
+attention (with rotary embedding from rope.py)."""
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .rope import RopeSpec, apply_rope
 
 
 class Weights(nn.Module):
@@ -45,36 +47,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = wide(x)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return (xf * weight).to(x.dtype)
-
-
-@dataclass(frozen=True)
-class RopeSpec:
-    dim: int                 # rotated width of each head (<= head_dim)
-    base: float
-    neox: bool               # pairs half the width apart (True) or consecutive pairs (False)
-    scale: float = 1.0       # linear position scaling (positions divided by it)
-    freq_factors: tuple[float, ...] | None = None  # Llama-3 `rope_freqs`: frequencies divided by them
-
-
-def rope_tables(spec: RopeSpec, n_pos: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [n_pos, dim / 2], computed in float64."""
-    inv = spec.base ** (-torch.arange(0, spec.dim, 2, dtype=torch.float64) / spec.dim)
-    if spec.freq_factors is not None:
-        inv = inv / torch.tensor(spec.freq_factors, dtype=torch.float64)
-    angles = torch.outer(torch.arange(n_pos, dtype=torch.float64) / spec.scale, inv)
-    return angles.cos().to(device, dtype), angles.sin().to(device, dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
-    # x: [B, H, T, D]; cos, sin: [T, dim / 2]
-    rot, rest = x[..., :spec.dim], x[..., spec.dim:]
-    if spec.neox:
-        a, b = rot.chunk(2, dim=-1)
-    else:
-        a, b = rot[..., 0::2], rot[..., 1::2]
-    ra, rb = a * cos - b * sin, b * cos + a * sin
-    rotated = torch.cat([ra, rb], dim=-1) if spec.neox else torch.stack([ra, rb], dim=-1).flatten(-2)
-    return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
 def causal_mask(n: int, span: int | None, device) -> torch.Tensor | None:
