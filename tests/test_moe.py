@@ -104,3 +104,31 @@ def test_sigmoid_routing_with_selection_bias_and_shared_expert(normalize):
     # the bias changes which experts are chosen, not their weights
     _, unbiased = route(x @ router.T, routing)
     assert not torch.equal(route(x @ router.T, routing, bias)[1], unbiased)
+
+
+def group_limited_reference(x, router, routing, bias):
+    """Experts chosen per token in plain Python: the groups whose two best (biased) scores sum
+    highest, then the top-k inside them (llama.cpp's build_moe_ffn, DeepSeek-V3's router)."""
+    size = E // routing.n_groups
+    chosen_all = []
+    for token in x:
+        select = [1 / (1 + math.exp(-float(router[e] @ token))) + float(bias[e]) for e in range(E)]
+        groups = [select[g * size:(g + 1) * size] for g in range(routing.n_groups)]
+        score = [sum(sorted(v, reverse=True)[:2]) for v in groups]
+        kept = sorted(range(routing.n_groups), key=lambda g: (-score[g], g))[:routing.n_groups_used]
+        allowed = [e for e in range(E) if e // size in kept]
+        chosen_all.append(sorted(allowed, key=lambda e: (-select[e], e))[:routing.n_used])
+    return chosen_all
+
+
+def test_group_limited_routing_matches_reference():
+    g = torch.Generator().manual_seed(7)
+    x, router = torch.randn(60, H, generator=g, **F64), torch.randn(E, H, generator=g, **F64)
+    bias = torch.randn(E, generator=g, **F64) * 0.5
+    limited = Routing(n_used=2, gating="sigmoid", normalize=True, n_groups=2, n_groups_used=1)
+    _, experts_chosen = route(F.linear(x, router), limited, bias)
+    assert [sorted(c) for c in experts_chosen.tolist()] == [sorted(c) for c in group_limited_reference(x, router,
+                                                                                                    limited, bias)]
+    free = Routing(n_used=2, gating="sigmoid", normalize=True)
+    _, unlimited = route(F.linear(x, router), free, bias)
+    assert not torch.equal(experts_chosen.sort(-1).values, unlimited.sort(-1).values)  # the limit bites

@@ -7,6 +7,7 @@ asked for, and maps tensor data straight from the file. Type codes and sizes com
 """
 import functools
 import hashlib
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from ..errors import UserError
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4             # GGML_MAX_DIMS
 
 _SCALAR = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -59,34 +61,51 @@ class GGUFIndex:
 
     # -- parsing ---------------------------------------------------------------------------
     def _parse(self) -> None:
+        """The header, checked as it is read: counts the file could hold, no name twice, a
+        power-of-two alignment, tensor dimensions and offsets the format allows."""
         m = self._map
         if len(m) < 24 or struct.unpack_from("<I", m, 0)[0] != GGUF_MAGIC:
             raise UserError(f"{self.path} is not a GGUF file (bad magic)")
         self.version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
         if self.version not in (2, 3):
             raise UserError(f"{self.path}: unsupported GGUF version {self.version}")
+        # a key takes at least 12 bytes, a tensor's entry at least 24: a count beyond is a damaged header
+        if n_kv * 12 + n_tensors * 24 > len(m):
+            raise UserError(f"{self.path}: the header claims {n_kv} metadata keys and {n_tensors} tensors, more "
+                            f"than the file's {len(m)} bytes hold; the file is damaged")
         pos = 24
         self.metadata: dict[str, object] = {}
         self.spans: dict[str, tuple[int, int]] = {}  # key -> its bytes in the file
         for _ in range(n_kv):
             start = pos
             key, pos = self._string(pos)
+            if key in self.metadata:
+                raise UserError(f"{self.path}: metadata key {key} appears twice")
             (vtype,), pos = struct.unpack_from("<I", m, pos), pos + 4
             self.metadata[key], pos = self._value(GGUFValueType(vtype), pos)
             self.spans[key] = (start, pos)
-        infos = []
+        infos = {}
         for _ in range(n_tensors):
             name, pos = self._string(pos)
+            if name in infos:
+                raise UserError(f"{self.path}: tensor {name} appears twice")
             (n_dims,), pos = struct.unpack_from("<I", m, pos), pos + 4
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise UserError(f"{self.path}: tensor {name} has {n_dims} dimensions (GGUF allows 1 to {MAX_DIMS})")
             dims = struct.unpack_from(f"<{n_dims}Q", m, pos)
             pos += 8 * n_dims
             qtype, rel = struct.unpack_from("<IQ", m, pos)
             pos += 12
-            infos.append((name, dims, qtype, rel))
-        align = int(self.metadata.get(Keys.General.ALIGNMENT, DEFAULT_ALIGNMENT))
+            infos[name] = (dims, qtype, rel)
+        align = self.metadata.get(Keys.General.ALIGNMENT, DEFAULT_ALIGNMENT)
+        if not isinstance(align, int) or align <= 0 or align & (align - 1):
+            raise UserError(f"{self.path}: {Keys.General.ALIGNMENT} = {align} is not a power of two")
         data_start = (pos + align - 1) // align * align
         self.tensors: dict[str, TensorInfo] = {}
-        for name, dims, qtype, rel in infos:
+        for name, (dims, qtype, rel) in infos.items():
+            if rel % align:
+                raise UserError(f"{self.path}: tensor {name} starts at offset {rel}, not a multiple of the "
+                                f"file's alignment {align}")
             self.tensors[name] = self._tensor_info(name, dims, qtype, data_start + rel)
 
     def _tensor_info(self, name: str, dims, qtype: int, offset: int) -> TensorInfo:
@@ -95,8 +114,10 @@ class GGUFIndex:
         except ValueError:
             raise UserError(f"{self.path}: tensor {name} has unknown GGML type {qtype}") from None
         block, type_size = GGML_QUANT_SIZES[qtype]
-        n_elems = int(np.prod(dims))
-        n_bytes = n_elems // block * type_size
+        if min(dims) < 1 or dims[0] % block:
+            raise UserError(f"{self.path}: tensor {name} has dimensions {list(dims)}, which {qtype.name} cannot hold "
+                            f"(every dimension at least 1, rows a multiple of {block})")
+        n_bytes = math.prod(dims) // block * type_size
         if offset + n_bytes > len(self._map):
             raise UserError(f"{self.path} is truncated: tensor {name} ends past the end of the file")
         return TensorInfo(name, qtype, tuple(int(d) for d in reversed(dims)), offset, n_bytes)
@@ -115,6 +136,8 @@ class GGUFIndex:
             etype, count = struct.unpack_from("<IQ", self._map, pos)
             etype, pos = GGUFValueType(etype), pos + 12
             if etype == GGUFValueType.STRING:
+                if count * 8 > len(self._map) - pos:
+                    raise ValueError(f"a string array of {count} entries runs past the end of the file")
                 start = pos
                 for _ in range(count):
                     pos += 8 + struct.unpack_from("<Q", self._map, pos)[0]

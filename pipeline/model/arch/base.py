@@ -22,6 +22,7 @@ from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
 from ..weight_block import WeightBlock
+from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_computed
 from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
 from .ffn import MLP, MoE, Routing
 from .rope import RopeSpec, read_rope, rope_tables
@@ -149,11 +150,22 @@ class DecoderArch:
     activation = staticmethod(F.silu)
     embed_scale: float | None = None
     expert_gating = "softmax"   # how router logits become expert weights (llama.cpp fixes it per family)
+    honours: frozenset[str] = frozenset()   # keys of audit.NEUTRAL the family computes
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
         self.hp = self.read_hparams()
+        refuse_settings_not_computed(self)
+        self.groups = self.expert_groups()
         self.specs = [self.layer_spec(i) for i in range(self.hp.n_layers)]
+        self.check_shapes()
+
+    def settings_not_computed(self) -> dict:
+        """The settings this family does not compute, each with the test of a value that
+        leaves its math unchanged (audit.py)."""
+        neutral = {**NEUTRAL, Keys.Attention.SCALE: close_to(self.attention_scale()),
+                   Keys.LLM.EXPERT_GATING_FUNC: equals(GATING_CODES[self.expert_gating])}
+        return {key: test for key, test in neutral.items() if key not in self.honours}
 
     # -- metadata --------------------------------------------------------------------------
     def key(self, template: str, default=None):
@@ -185,6 +197,75 @@ class DecoderArch:
     def has_tensor(self, i: int, kind: MODEL_TENSOR, suffix: str = "weight") -> bool:
         return f"{TENSOR_NAMES[kind].format(bid=i)}.{suffix}" in self.gguf.tensors
 
+    # -- the tensors against the metadata ----------------------------------------------------
+    def check_shapes(self) -> None:
+        """What the metadata says against the tensors' shapes, before any work: the vocabulary,
+        the blocks present, heads x head sizes and the feed-forward widths, one line naming the
+        first tensor that disagrees."""
+        t, hp = self.gguf.tensors, self.hp
+        tokens = self.gguf.metadata.get(Keys.Tokenizer.LIST)
+        vocab = tokens.count if tokens is not None else t[TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"].shape[0]
+        for key in (Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE):
+            if key in self.gguf.metadata and len(self.gguf.metadata[key]) != vocab:
+                raise UserError(f"{self.gguf.path}: {key} has {len(self.gguf.metadata[key])} entries for "
+                                f"{vocab} tokens")
+        self.expect(TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight", (vocab, hp.hidden), "tokens x embedding_length",
+                    required=True)
+        self.expect(TENSOR_NAMES[MT.OUTPUT] + ".weight", (vocab, hp.hidden), "tokens x embedding_length")
+        self.expect(TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight", (hp.hidden,), "embedding_length", required=True)
+        blocks = {int(n.split(".")[1]) for n in t if n.startswith("blk.") and n.split(".")[1].isdigit()}
+        total = int(self.key(Keys.LLM.BLOCK_COUNT))
+        if blocks - set(range(total)) or set(range(hp.n_layers)) - blocks:
+            odd = min((blocks - set(range(total))) or (set(range(hp.n_layers)) - blocks))
+            raise UserError(f"{self.gguf.path}: block_count is {total} but block {odd} "
+                            f"{'has tensors' if odd >= total else 'has none'}")
+        for spec in self.specs:
+            self.expect_layer(spec)
+
+    def expect(self, name: str, shape: tuple[int, ...], why: str, required: bool = False) -> None:
+        info = self.gguf.tensors.get(name)
+        if info is None and required:
+            raise UserError(f"{self.gguf.path}: missing tensor {name}")
+        if info is not None and info.shape != shape:
+            raise UserError(f"{self.gguf.path}: tensor {name} is {list(info.shape)} where the metadata gives "
+                            f"{list(shape)} ({why})")
+
+    def expect_layer(self, spec: LayerSpec) -> None:
+        """Attention and feed-forward tensors of one layer against its spec (recurrent mixers'
+        own tensors are checked when they are built)."""
+        hidden = self.hp.hidden
+
+        def name(kind: MODEL_TENSOR, suffix: str = "weight") -> str:
+            return f"{TENSOR_NAMES[kind].format(bid=spec.index)}.{suffix}"
+        a = spec.attention
+        if a is not None:
+            if a.n_head <= 0 or a.n_kv <= 0 or a.n_head % a.n_kv or a.key_dim <= 0 or a.value_dim <= 0:
+                raise UserError(f"{self.gguf.path}: layer {spec.index} has {a.n_head} heads, {a.n_kv} KV heads, "
+                                f"head sizes {a.key_dim} / {a.value_dim}: not an attention layer")
+            q_rows = a.n_head * (a.key_dim + (a.value_dim if a.gated else 0))
+            for kind, rows, why in ((MT.ATTN_Q, q_rows, "head_count x key_length" + (" + gate" if a.gated else "")),
+                                    (MT.ATTN_K, a.n_kv * a.key_dim, "head_count_kv x key_length"),
+                                    (MT.ATTN_V, a.n_kv * a.value_dim, "head_count_kv x value_length")):
+                self.expect(name(kind), (rows, hidden), why + " x embedding_length", required=True)
+                self.expect(name(kind, "bias"), (rows,), why)
+            self.expect(name(MT.ATTN_OUT), (hidden, a.n_head * a.value_dim), "embedding_length x heads x value_length",
+                        required=True)
+            for kind in (MT.ATTN_Q_NORM, MT.ATTN_K_NORM):
+                self.expect(name(kind), (a.key_dim,), "key_length")
+        if spec.ffn == "mlp":
+            ff = self.gguf.tensors[name(MT.FFN_UP)].shape[0] if name(MT.FFN_UP) in self.gguf.tensors else 0
+            self.expect(name(MT.FFN_UP), (ff, hidden), "feed-forward width x embedding_length", required=True)
+            self.expect(name(MT.FFN_GATE), (ff, hidden), "the up projection's shape")
+            self.expect(name(MT.FFN_DOWN), (hidden, ff), "the up projection's, transposed", required=True)
+        elif spec.ffn == "moe":
+            n_expert = int(self.key(Keys.LLM.EXPERT_COUNT))
+            up = self.gguf.tensors.get(name(MT.FFN_UP_EXP))
+            ff = up.shape[1] if up is not None and len(up.shape) == 3 else 0
+            self.expect(name(MT.FFN_GATE_INP), (n_expert, hidden), "expert_count x embedding_length", required=True)
+            self.expect(name(MT.FFN_UP_EXP), (n_expert, ff, hidden), "expert_count experts", required=True)
+            self.expect(name(MT.FFN_GATE_EXP), (n_expert, ff, hidden), "the up projections' shape")
+            self.expect(name(MT.FFN_DOWN_EXP), (n_expert, hidden, ff), "the up projections', transposed", required=True)
+
     # -- the spec of each layer ------------------------------------------------------------
     def layer_spec(self, i: int) -> LayerSpec:
         """Attention, then experts where the block has a router, else the dense MLP."""
@@ -198,8 +279,12 @@ class DecoderArch:
         return AttentionSpec(n_head=n_head, n_kv=int(self.layer_key(Keys.Attention.HEAD_COUNT_KV, i, n_head)),
                              key_dim=self.hp.head_dim,
                              value_dim=int(self.key(Keys.Attention.VALUE_LENGTH, self.hp.head_dim)),
-                             scale=float(self.key(Keys.Attention.SCALE, 1.0 / math.sqrt(self.hp.head_dim))),
-                             rope=self.trunk_rope)
+                             scale=self.attention_scale(), rope=self.trunk_rope)
+
+    def attention_scale(self) -> float:
+        """Q.K's scale: llama.cpp's 1 / sqrt(head size) for these families, whose loaders do not read
+        attention.scale (a file that sets it to another value is refused)."""
+        return 1.0 / math.sqrt(self.hp.head_dim)
 
     @functools.cached_property
     def trunk_rope(self) -> RopeSpec:
@@ -249,7 +334,19 @@ class DecoderArch:
     def routing(self, i: int) -> Routing:
         return Routing(n_used=int(self.layer_key(Keys.LLM.EXPERT_USED_COUNT, i)), gating=self.expert_gating,
                        normalize=self.normalizes_expert_weights(),
-                       scale=float(self.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0)
+                       scale=float(self.key(Keys.LLM.EXPERT_WEIGHTS_SCALE, 0.0)) or 1.0, **self.groups)
+
+    def expert_groups(self) -> dict:
+        """Group-limited routing, which llama.cpp applies for any architecture whose file sets
+        more than one expert group."""
+        groups = int(self.key(Keys.LLM.EXPERT_GROUP_COUNT, 0))
+        if groups <= 1:
+            return {}
+        used, n_expert = int(self.key(Keys.LLM.EXPERT_GROUP_USED_COUNT, 0)), int(self.key(Keys.LLM.EXPERT_COUNT))
+        if n_expert % groups or n_expert // groups < 2 or not 0 < used < groups:
+            raise UserError(f"{self.gguf.path}: {n_expert} experts in {groups} groups, {used} of them used, is not "
+                            f"a group-limited routing (equal groups of two experts or more, fewer used than there are)")
+        return {"n_groups": groups, "n_groups_used": used}
 
     def moe(self, i: int, t: BlockTensors) -> MoE:
         shared = None

@@ -1,4 +1,5 @@
 """Feed-forward blocks: the dense MLP (gated or not) and the mixture of experts."""
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +47,8 @@ class Routing:
     gating: str            # "softmax" or "sigmoid" over the router logits
     normalize: bool        # chosen weights divided by their sum
     scale: float = 1.0     # chosen weights multiplied by it
+    n_groups: int = 1      # experts in this many equal groups: the top-k is taken in the
+    n_groups_used: int = 1  # groups whose two best experts score highest (DeepSeek-V3's group limit)
 
 
 def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor | None = None):
@@ -58,6 +61,13 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
     logits = wide(logits)
     probs = logits.softmax(-1) if routing.gating == "softmax" else logits.sigmoid()
     select = probs if selection_bias is None else probs + selection_bias
+    if routing.n_groups > 1:  # as llama.cpp's build_moe_ffn: the other groups' experts are never chosen
+        N, E = select.shape
+        grouped = select.view(N, routing.n_groups, E // routing.n_groups)                 # [N, G, E/G]
+        group_scores = grouped.topk(2, dim=-1).values.sum(-1)                             # [N, G]
+        kept = torch.sort(group_scores, dim=-1, descending=True, stable=True).indices[:, :routing.n_groups_used]
+        dropped = torch.ones_like(group_scores, dtype=torch.bool).scatter_(1, kept, False)
+        select = grouped.masked_fill(dropped[..., None], -math.inf).view(N, E)
     experts = torch.sort(select, dim=-1, descending=True, stable=True).indices[:, :routing.n_used]
     weights = probs.gather(-1, experts)
     if routing.normalize:

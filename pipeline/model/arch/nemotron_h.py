@@ -17,6 +17,7 @@ from .ssm import Mamba2
 class NemotronH(DecoderArch):
     activation = staticmethod(relu2)
     expert_gating = "sigmoid"
+    honours = frozenset({Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE})
 
     def rms_eps(self) -> float:
         # llama.cpp falls back on the plain layer-norm epsilon

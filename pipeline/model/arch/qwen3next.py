@@ -57,3 +57,4 @@ class Qwen3Next(DecoderArch):
 
 class Qwen35(Qwen3Next):
     tiled_value_heads = True    # the converter reorders value heads so that head j reads key head j % n_k
+    honours = frozenset({Keys.Rope.DIMENSION_SECTIONS})   # text positions: every section the same
