@@ -59,6 +59,18 @@ def test_other_types_fall_back_to_gguf():
     np.testing.assert_array_equal(dequantize(iq4, Q.IQ4_NL).numpy(), quants.dequantize(iq4, Q.IQ4_NL))
 
 
+def test_the_gguf_py_fallback_goes_piece_by_piece(monkeypatch):
+    """A type without a torch dequantizer is never copied whole: gguf-py sees one piece at a time."""
+    block, type_size = GGML_QUANT_SIZES[Q.IQ4_NL]
+    raw = random_blocks(Q.Q4_0, rows=6, row_blocks=5, seed=4)[:, :5 * type_size].copy()  # any bytes are IQ4_NL
+    seen, real = [], quants.dequantize
+    monkeypatch.setattr(quants, "dequantize", lambda data, qtype: seen.append(data.shape) or real(data, qtype))
+    monkeypatch.setattr("pipeline.gguf_io.dequant.PIECE_VALUES", 4 * block)
+    out = dequantize(raw, Q.IQ4_NL, dtype=torch.bfloat16)
+    assert seen and max(shape[0] for shape in seen) == 4 and sum(shape[0] for shape in seen) == 30
+    assert torch.equal(out, torch.from_numpy(real(raw, Q.IQ4_NL)).to(torch.bfloat16))
+
+
 def test_unsupported_type_names_tensor_and_type():
     raw = np.zeros((1, GGML_QUANT_SIZES[Q.Q8_K][1]), dtype=np.uint8)
     with pytest.raises(UserError, match="blk.3.ffn_up.weight.*Q8_K"):

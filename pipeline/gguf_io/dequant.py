@@ -177,27 +177,31 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
                dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
     float32 values cast to `dtype`, piece by piece; into `out` where it is given (a contiguous
-    tensor of that shape, dtype and device)."""
+    tensor of that shape, dtype and device). A type without a torch dequantizer goes through
+    gguf-py's numpy one on the host, in the same pieces, so no copy of the whole tensor is made."""
     block, type_size = GGML_QUANT_SIZES[qtype]
     out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
-    fn = BLOCK_DEQUANTIZERS.get(qtype)
+    fn, where = BLOCK_DEQUANTIZERS.get(qtype), device
     if fn is None:
-        return out.copy_(_fallback(raw, qtype, device, name).reshape(out_shape))
+        fn, where = _with_gguf_py(qtype, name), "cpu"
     blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]
     flat = out.view(blocks.shape[0], block)                              # [n_blocks, block]
     step = max(PIECE_VALUES // block, 1)
     for start in range(0, blocks.shape[0], step):
         # copying out of the read-only file map also makes the bytes contiguous and writable
-        piece = torch.from_numpy(np.array(blocks[start:start + step], copy=True)).to(device)
+        piece = torch.from_numpy(np.array(blocks[start:start + step], copy=True)).to(where)
         flat[start:start + step] = fn(piece)
     return out
 
 
-def _fallback(raw: np.ndarray, qtype: Q, device, name: str) -> torch.Tensor:
-    try:
-        values = quants.dequantize(np.asarray(raw), qtype)
-    except NotImplementedError:
-        raise UserError(f"tensor {name or '?'} has GGML type {qtype.name}, which is not supported") from None
-    return torch.from_numpy(np.array(values, dtype=np.float32)).to(device)
+def _with_gguf_py(qtype: Q, name: str):
+    """gguf-py's numpy dequantizer of `qtype` as a block function: (n, type_size) uint8 on the
+    host -> (n, block) float32."""
+    def fn(piece: torch.Tensor) -> torch.Tensor:
+        try:
+            return torch.from_numpy(quants.dequantize(piece.numpy(), qtype))
+        except NotImplementedError:
+            raise UserError(f"tensor {name or '?'} has GGML type {qtype.name}, which is not supported") from None
+    return fn
