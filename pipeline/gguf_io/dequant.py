@@ -149,6 +149,62 @@ def q6_k(b):
     return (d * q).reshape(n, QK_K)
 
 
+# non-linear 4-bit grids: the values an index stands for (IQ4_NL's, and e2m1 doubled for MXFP4)
+IQ4_VALUES = torch.tensor(quants.IQ4_NL.kvalues, dtype=torch.float32)
+MXFP4_VALUES = torch.tensor(quants.MXFP4.kvalues, dtype=torch.float32)
+
+
+def _lookup(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    return values.to(index.device)[index.long()]
+
+
+def iq4_nl(b):
+    n = b.shape[0]
+    d, qs = b.split([2, 16], dim=1)
+    return _f16(d) * _lookup(IQ4_VALUES, _nibbles(qs, 16).reshape(n, -1))
+
+
+def iq4_xs(b):
+    n = b.shape[0]
+    d, scales_h, scales_l, qs = b.split([2, 2, QK_K // 64, QK_K // 2], dim=1)
+    high = scales_h[:, 0].to(torch.int32) | (scales_h[:, 1].to(torch.int32) << 8)          # little-endian uint16
+    high = (high[:, None] >> torch.arange(0, QK_K // 16, 2, dtype=torch.int32, device=b.device)) & 0x03
+    low = ((scales_l.unsqueeze(-1) >> _shifts(b, [0, 4]).view(1, 1, 2)) & 0x0F).reshape(n, -1)     # byte by byte
+    scales = (low.to(torch.int32) | (high << 4)) - 32                                       # [n, 8] in [-32, 32)
+    dl = (_f16(d) * scales.to(torch.float32)).reshape(n, -1, 1)
+    q = _nibbles(qs, 16).reshape(n, -1, 32)
+    return (dl * _lookup(IQ4_VALUES, q)).reshape(n, QK_K)
+
+
+def mxfp4(b):
+    n = b.shape[0]
+    e, qs = b.split([1, 16], dim=1)
+    e = e.to(torch.int32)
+    # ggml_e8m0_to_fp32_half: 2^(e - 128) as float32 bits, subnormal below e = 2
+    d = torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
+    return d * _lookup(MXFP4_VALUES, _nibbles(qs, 16).reshape(n, -1))
+
+
+def tq1_0(b):
+    n = b.shape[0]
+    qs, qh, d = b.split([(QK_K - 4 * QK_K // 64) // 5, QK_K // 64, 2], dim=1)
+    pow3 = torch.tensor([1, 3, 9, 27, 81], dtype=torch.uint8, device=b.device)
+    # each byte holds 5 (4 in qh) base-3 digits as a fixed-point fraction: multiplying by 3^k
+    # (modulo 256) brings digit k to the top, (x * 3) >> 8 reads it
+    digits = torch.cat([(qs[:, :32].reshape(n, 1, 1, 32) * pow3.view(1, 1, 5, 1)).reshape(n, -1),
+                        (qs[:, 32:].reshape(n, 1, 1, 16) * pow3.view(1, 1, 5, 1)).reshape(n, -1),
+                        (qh.reshape(n, 1, 1, 4) * pow3[:4].view(1, 1, 4, 1)).reshape(n, -1)], dim=-1)
+    q = ((digits.to(torch.int32) * 3) >> 8) - 1
+    return _f16(d) * q.to(torch.float32)
+
+
+def tq2_0(b):
+    n = b.shape[0]
+    qs, d = b.split([QK_K // 4, 2], dim=1)
+    q = ((qs.reshape(n, -1, 1, 32) >> _shifts(b, [0, 2, 4, 6])) & 0x03).reshape(n, -1).to(torch.int32) - 1
+    return _f16(d) * q.to(torch.float32)
+
+
 def f32(b):
     return b.contiguous().view(torch.float32).clone()
 
@@ -165,6 +221,7 @@ BLOCK_DEQUANTIZERS = {
     Q.F32: f32, Q.F16: f16, Q.BF16: bf16,
     Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0,
     Q.Q2_K: q2_k, Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k,
+    Q.IQ4_NL: iq4_nl, Q.IQ4_XS: iq4_xs, Q.MXFP4: mxfp4, Q.TQ1_0: tq1_0, Q.TQ2_0: tq2_0,
 }
 
 
