@@ -95,6 +95,10 @@ SPECS = {
     "qwen3next": Spec("Qwen3NextConfig", _qwen_linear(intermediate_size=96, shared_expert_intermediate_size=32,
                                                       decoder_sparse_step=1, mlp_only_layers=[], **MOE),
                       convert_args=("--no-mtp",)),
+    # the same model (same config and seed), converted with Q/K/V and the experts' gate/up fused
+    "qwen3next_fused": Spec("Qwen3NextConfig", _qwen_linear(intermediate_size=96, shared_expert_intermediate_size=32,
+                                                            decoder_sparse_step=1, mlp_only_layers=[], **MOE),
+                            convert_args=("--no-mtp", "--fuse-qkv", "--fuse-gate-up-exps")),
     "qwen35": Spec("Qwen3_5TextConfig", _qwen_linear(intermediate_size=96), convert_args=("--no-mtp",),
                    raw_config={"architectures": ["Qwen3_5ForCausalLM"]}),
     "qwen35moe": Spec("Qwen3_5MoeTextConfig", _qwen_linear(shared_expert_intermediate_size=32, num_experts=4,

@@ -38,9 +38,10 @@ def write_tiny_gguf(path, arch: str = "llama", ffn_up_type: GGMLQuantizationType
 
 
 def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None):
-    """Copy a GGUF with each tensor replaced by transform(name, qtype, data) -> (data, qtype)
-    (data as gguf-py's reader holds it; None: unchanged) and the metadata keys in `metadata`
-    set to their values (None: removed; a new key's type follows the Python value's)."""
+    """Copy a GGUF with each tensor replaced by transform(name, qtype, data) -> (data, qtype),
+    (data, qtype, new name) or None to leave it out (data as gguf-py's reader holds it; no
+    transform: unchanged), and the metadata keys in `metadata` set to their values (None:
+    removed; a new key's type follows the Python value's)."""
     from gguf import GGUFReader, GGUFValueType
 
     metadata = dict(metadata or {})
@@ -60,8 +61,11 @@ def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None):
         if value is not None:
             w.add_key_value(name, value, GGUFValueType.get_type(value))
     for t in reader.tensors:
-        data, qtype = (transform or (lambda n, q, d: (d, q)))(t.name, t.tensor_type, np.asarray(t.data))
-        w.add_tensor(t.name, data, raw_shape=data.shape, raw_dtype=qtype)
+        # transform may also drop a tensor (None) or give it another name (a third element)
+        new = (transform or (lambda n, q, d: (d, q)))(t.name, t.tensor_type, np.asarray(t.data))
+        if new is not None:
+            data, qtype, name = (*new, t.name)[:3]
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

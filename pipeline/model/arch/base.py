@@ -51,6 +51,12 @@ class HParams:
     vocab: int
 
 
+def qkv_rows(spec: AttentionSpec) -> list[int]:
+    """Rows of the Q (with its gate), K and V projections, in that order in a fused attn_qkv."""
+    return [spec.n_head * (spec.key_dim + (spec.value_dim if spec.gated else 0)), spec.n_kv * spec.key_dim,
+            spec.n_kv * spec.value_dim]
+
+
 class Tables:
     """RoPE tables and attention masks of one sequence length, built once per layer-window task."""
 
@@ -151,6 +157,7 @@ class DecoderArch:
     embed_scale: float | None = None
     expert_gating = "softmax"   # how router logits become expert weights (llama.cpp fixes it per family)
     honours: frozenset[str] = frozenset()   # keys of audit.NEUTRAL the family computes
+    fused_gate_up_experts = False           # llama.cpp loads ffn_gate_up_exps for this family
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -242,11 +249,15 @@ class DecoderArch:
             if a.n_head <= 0 or a.n_kv <= 0 or a.n_head % a.n_kv or a.key_dim <= 0 or a.value_dim <= 0:
                 raise UserError(f"{self.gguf.path}: layer {spec.index} has {a.n_head} heads, {a.n_kv} KV heads, "
                                 f"head sizes {a.key_dim} / {a.value_dim}: not an attention layer")
-            q_rows = a.n_head * (a.key_dim + (a.value_dim if a.gated else 0))
+            q_rows, k_rows, v_rows = qkv_rows(a)
+            if name(MT.ATTN_QKV) in self.gguf.tensors:
+                self.expect(name(MT.ATTN_QKV), (q_rows + k_rows + v_rows, hidden), "Q, K and V rows x embedding_length")
+                self.expect(name(MT.ATTN_QKV, "bias"), (q_rows + k_rows + v_rows,), "Q, K and V rows")
             for kind, rows, why in ((MT.ATTN_Q, q_rows, "head_count x key_length" + (" + gate" if a.gated else "")),
-                                    (MT.ATTN_K, a.n_kv * a.key_dim, "head_count_kv x key_length"),
-                                    (MT.ATTN_V, a.n_kv * a.value_dim, "head_count_kv x value_length")):
-                self.expect(name(kind), (rows, hidden), why + " x embedding_length", required=True)
+                                    (MT.ATTN_K, k_rows, "head_count_kv x key_length"),
+                                    (MT.ATTN_V, v_rows, "head_count_kv x value_length")):
+                fused = name(MT.ATTN_QKV) in self.gguf.tensors
+                self.expect(name(kind), (rows, hidden), why + " x embedding_length", required=not fused)
                 self.expect(name(kind, "bias"), (rows,), why)
             self.expect(name(MT.ATTN_OUT), (hidden, a.n_head * a.value_dim), "embedding_length x heads x value_length",
                         required=True)
@@ -259,10 +270,12 @@ class DecoderArch:
             self.expect(name(MT.FFN_DOWN), (hidden, ff), "the up projection's, transposed", required=True)
         elif spec.ffn == "moe":
             n_expert = int(self.key(Keys.LLM.EXPERT_COUNT))
-            up = self.gguf.tensors.get(name(MT.FFN_UP_EXP))
-            ff = up.shape[1] if up is not None and len(up.shape) == 3 else 0
+            down = self.gguf.tensors.get(name(MT.FFN_DOWN_EXP))
+            ff = down.shape[2] if down is not None and len(down.shape) == 3 else 0
+            fused = self.fused_gate_up_experts and name(MT.FFN_GATE_UP_EXP) in self.gguf.tensors
             self.expect(name(MT.FFN_GATE_INP), (n_expert, hidden), "expert_count x embedding_length", required=True)
-            self.expect(name(MT.FFN_UP_EXP), (n_expert, ff, hidden), "expert_count experts", required=True)
+            self.expect(name(MT.FFN_GATE_UP_EXP), (n_expert, 2 * ff, hidden), "gate and up of expert_count experts")
+            self.expect(name(MT.FFN_UP_EXP), (n_expert, ff, hidden), "expert_count experts", required=not fused)
             self.expect(name(MT.FFN_GATE_EXP), (n_expert, ff, hidden), "the up projections' shape")
             self.expect(name(MT.FFN_DOWN_EXP), (n_expert, hidden, ff), "the up projections', transposed", required=True)
 
@@ -314,11 +327,18 @@ class DecoderArch:
         return self.attention(spec.attention, t)
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> Attention:
-        w = {"q": t(MT.ATTN_Q), "k": t(MT.ATTN_K), "v": t(MT.ATTN_V), "o": t(MT.ATTN_OUT)}
+        if t.has(MT.ATTN_QKV):  # fused (the converter's --fuse-qkv): Q, K and V are row blocks of one tensor
+            rows = qkv_rows(spec)
+            w = dict(zip(("q", "k", "v"), t(MT.ATTN_QKV).split(rows)))
+            if (bias := t(MT.ATTN_QKV, "bias", required=False)) is not None:
+                w |= dict(zip(("q_bias", "k_bias", "v_bias"), bias.split(rows)))
+        else:
+            w = {"q": t(MT.ATTN_Q), "k": t(MT.ATTN_K), "v": t(MT.ATTN_V)}
+        w["o"] = t(MT.ATTN_OUT)
         optional = {"q_bias": (MT.ATTN_Q, "bias"), "k_bias": (MT.ATTN_K, "bias"), "v_bias": (MT.ATTN_V, "bias"),
                     "o_bias": (MT.ATTN_OUT, "bias"), "q_norm": (MT.ATTN_Q_NORM, "weight"),
                     "k_norm": (MT.ATTN_K_NORM, "weight")}
-        w |= {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items()}
+        w |= {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items() if k not in w}
         return Attention(w, spec, self.hp.eps)
 
     def ffn(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
@@ -354,8 +374,13 @@ class DecoderArch:
             shared = MLP(t(MT.FFN_UP_SHEXP), t(MT.FFN_DOWN_SHEXP), t(MT.FFN_GATE_SHEXP, required=False),
                          self.activation)
         routing_dtype = torch.promote_types(t.dtype, torch.float32)
-        return MoE(router=t(MT.FFN_GATE_INP, dtype=routing_dtype), up=t(MT.FFN_UP_EXP), down=t(MT.FFN_DOWN_EXP),
-                   gate=t(MT.FFN_GATE_EXP, required=False), act=self.activation, routing=self.routing(i),
+        router = t(MT.FFN_GATE_INP, dtype=routing_dtype)
+        if self.fused_gate_up_experts and t.has(MT.FFN_GATE_UP_EXP):  # the converter's --fuse-gate-up-exps
+            gate, up = t(MT.FFN_GATE_UP_EXP).chunk(2, dim=1)                      # [E, ff, hidden] each
+        else:
+            up, gate = t(MT.FFN_UP_EXP), t(MT.FFN_GATE_EXP, required=False)
+        return MoE(router=router, up=up, down=t(MT.FFN_DOWN_EXP), gate=gate, act=self.activation,
+                   routing=self.routing(i),
                    selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False, dtype=routing_dtype),
                    shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False))
 

@@ -23,6 +23,7 @@ FULL_ATTENTION_INTERVAL = 4   # llama.cpp's default when the file names neither
 
 class Qwen3Next(DecoderArch):
     neox_rope = True
+    fused_gate_up_experts = True
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)
 
     def is_recurrent(self, i: int) -> bool:
