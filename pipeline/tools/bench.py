@@ -45,7 +45,8 @@ class Row:
 def load_config(path: Path) -> dict:
     with open(path, "rb") as f:
         cfg = tomllib.load(f)
-    cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
+    if "corpus" in cfg:
+        cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
     return cfg
 
 
@@ -170,6 +171,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.config)
+        if cfg.get("kind") == "dequantizers":
+            from .dequant_bench import bench_dequantizers
+
+            bench_dequantizers(cfg)
+            return 0
         binary = llama_perplexity(cfg["llama_cpp_python"]) if cfg.get("llama_perplexity", True) else None
         results, n_layers = {}, {}
         for alias in cfg["models"]:
