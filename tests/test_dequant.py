@@ -10,7 +10,8 @@ from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, dequantize
 
 QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-GRID_AND_TERNARY = [Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.TQ1_0, Q.TQ2_0]
+OTHER_TYPES = [Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.NVFP4, Q.TQ1_0, Q.TQ2_0, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS,
+               Q.IQ3_S, Q.IQ1_S]
 
 
 def random_blocks(qtype: Q, rows: int, row_blocks: int, seed: int) -> np.ndarray:
@@ -18,7 +19,7 @@ def random_blocks(qtype: Q, rows: int, row_blocks: int, seed: int) -> np.ndarray
     rng = np.random.default_rng(seed)
     block, type_size = GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows * row_blocks, type_size), dtype=np.uint8)
-    if qtype in K_QUANTS or qtype in QUANTIZABLE[2:] or qtype in GRID_AND_TERNARY:
+    if qtype in K_QUANTS or qtype in QUANTIZABLE[2:] or qtype in OTHER_TYPES:
         finite = rng.standard_normal((rows * row_blocks, 2)).astype(np.float16).view(np.uint8)
         for start in _fp16_offsets(qtype):
             raw[:, start:start + 2] = finite[:, :2]
@@ -28,10 +29,11 @@ def random_blocks(qtype: Q, rows: int, row_blocks: int, seed: int) -> np.ndarray
 def _fp16_offsets(qtype: Q) -> list[int]:
     return {Q.Q4_0: [0], Q.Q5_0: [0], Q.Q8_0: [0], Q.Q4_1: [0, 2], Q.Q5_1: [0, 2],
             Q.Q2_K: [80, 82], Q.Q3_K: [108], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208],
-            Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.MXFP4: [], Q.TQ1_0: [52], Q.TQ2_0: [64]}[qtype]
+            Q.IQ4_NL: [0], Q.IQ4_XS: [0], Q.MXFP4: [], Q.NVFP4: [], Q.TQ1_0: [52], Q.TQ2_0: [64],
+            Q.IQ2_XXS: [0], Q.IQ2_XS: [0], Q.IQ2_S: [0], Q.IQ3_XXS: [0], Q.IQ3_S: [0], Q.IQ1_S: [0]}[qtype]
 
 
-@pytest.mark.parametrize("qtype", K_QUANTS + QUANTIZABLE[2:] + GRID_AND_TERNARY)
+@pytest.mark.parametrize("qtype", K_QUANTS + QUANTIZABLE[2:] + OTHER_TYPES)
 def test_random_blocks_match_gguf(qtype):
     raw = random_blocks(qtype, rows=8, row_blocks=3, seed=int(qtype))
     ours = dequantize(raw, qtype).numpy()
@@ -50,33 +52,57 @@ def test_quantized_weights_match_gguf(qtype):
 
 
 def test_every_listed_type_has_a_torch_dequantizer():
-    listed = {Q.F32, Q.F16, Q.BF16, *QUANTIZABLE, *K_QUANTS, *GRID_AND_TERNARY}
+    listed = {Q.F32, Q.F16, Q.BF16, *QUANTIZABLE, *K_QUANTS, *OTHER_TYPES}
     assert listed <= set(BLOCK_DEQUANTIZERS)
 
 
-def iq2_xxs_blocks(rows: int, row_blocks: int, seed: int) -> np.ndarray:
-    """Random IQ2_XXS blocks (a type still dequantized by gguf-py) with finite scales."""
-    rng = np.random.default_rng(seed)
-    raw = rng.integers(0, 256, size=(rows * row_blocks, GGML_QUANT_SIZES[Q.IQ2_XXS][1]), dtype=np.uint8)
-    raw[:, :2] = rng.standard_normal((rows * row_blocks, 1)).astype(np.float16).view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
-def test_other_types_fall_back_to_gguf():
-    raw = iq2_xxs_blocks(rows=2, row_blocks=2, seed=1)
-    np.testing.assert_array_equal(dequantize(raw, Q.IQ2_XXS).numpy(), quants.dequantize(raw, Q.IQ2_XXS))
-
-
-def test_the_gguf_py_fallback_goes_piece_by_piece(monkeypatch):
-    """A type without a torch dequantizer is never copied whole: gguf-py sees one piece at a time."""
-    block, _ = GGML_QUANT_SIZES[Q.IQ2_XXS]
-    raw = iq2_xxs_blocks(rows=6, row_blocks=5, seed=4)
+def test_a_type_without_a_torch_dequantizer_goes_through_gguf_py_piece_by_piece(monkeypatch):
+    """A type the torch table lacks (Q8_0 taken out here) is dequantized by gguf-py, one piece
+    at a time, never copied whole, with gguf-py's values cast to the compute dtype."""
+    monkeypatch.delitem(BLOCK_DEQUANTIZERS, Q.Q8_0)
+    block, _ = GGML_QUANT_SIZES[Q.Q8_0]
+    raw = random_blocks(Q.Q8_0, rows=6, row_blocks=5, seed=4)
     seen, real = [], quants.dequantize
     monkeypatch.setattr(quants, "dequantize", lambda data, qtype: seen.append(data.shape) or real(data, qtype))
     monkeypatch.setattr("pipeline.gguf_io.dequant.PIECE_VALUES", 4 * block)
-    out = dequantize(raw, Q.IQ2_XXS, dtype=torch.bfloat16)
+    out = dequantize(raw, Q.Q8_0, dtype=torch.bfloat16)
     assert seen and max(shape[0] for shape in seen) == 4 and sum(shape[0] for shape in seen) == 30
-    assert torch.equal(out, torch.from_numpy(real(raw, Q.IQ2_XXS)).to(torch.bfloat16))
+    assert torch.equal(out, torch.from_numpy(real(raw, Q.Q8_0)).to(torch.bfloat16))
+
+
+def iq1_m_blocks(rows: int, delta_bits: int, seed: int) -> np.ndarray:
+    """Random IQ1_M blocks with a finite fp16 scale (spread over the top nibbles of the four
+    scale words) and each group's delta sign bit set (0x88) or cleared (0x00)."""
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, GGML_QUANT_SIZES[Q.IQ1_M][1]), dtype=np.uint8)
+    scale = rng.standard_normal(rows).astype(np.float16).view(np.uint16).astype(np.uint16)
+    words = raw[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+    for k in range(4):
+        words[:, k] |= ((scale >> (4 * k)) & 0xF).astype(np.uint16) << 12
+    raw[:, 48:56] = words.view(np.uint8)
+    raw[:, 32:48] = (raw[:, 32:48] & 0x77) | delta_bits
+    return raw
+
+
+def test_iq1_m_matches_gguf_where_both_read_the_delta_alike():
+    raw = iq1_m_blocks(rows=16, delta_bits=0x88, seed=5)
+    np.testing.assert_array_equal(dequantize(raw, Q.IQ1_M).numpy().view(np.uint32),
+                                  quants.dequantize(raw, Q.IQ1_M).view(np.uint32))
+
+
+def test_iq1_m_reads_the_delta_sign_as_ggml_does():
+    # ggml: delta = qh & 0x08 ? -IQ1S_DELTA : +IQ1S_DELTA per group of 8; gguf-py 0.19 gives -delta to all.
+    # One block of scale 1.0 (fp16 0x3C00 in the scale words' top nibbles), group scales 0 (dl = 1), grid entry 0.
+    block = np.zeros((2, GGML_QUANT_SIZES[Q.IQ1_M][1]), dtype=np.uint8)
+    words = np.zeros((2, 4), dtype=np.uint16)
+    words[:, 2], words[:, 3] = 0xC << 12, 0x3 << 12
+    block[:, 48:56] = words.view(np.uint8)
+    block[0, 32:48] = 0x88                                   # row 0: every delta bit set, row 1: none
+    ours = dequantize(block, Q.IQ1_M).numpy()
+    grid0 = quants.IQ1_S.grid.reshape(-1, 8)[0]
+    np.testing.assert_array_equal(ours[0], np.tile(grid0 - np.float32(0.125), 32))
+    np.testing.assert_array_equal(ours[1], np.tile(grid0 + np.float32(0.125), 32))
+    np.testing.assert_array_equal(ours[0], quants.dequantize(block, Q.IQ1_M)[0])
 
 
 def test_unsupported_type_names_tensor_and_type():

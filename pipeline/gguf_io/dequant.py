@@ -185,6 +185,18 @@ def mxfp4(b):
     return d * _lookup(MXFP4_VALUES, _nibbles(qs, 16).reshape(n, -1))
 
 
+def nvfp4(b):
+    n = b.shape[0]
+    scale_bytes, qs = b.split([4, 32], dim=1)                            # four 16-value groups
+    x = scale_bytes.to(torch.int32)
+    # unsigned E4M3 (bias 7), halved for the doubled e2m1 values; 0 and 0x7F (NaN) give 0
+    exp, man = (x >> 3) & 0x0F, (x & 0x07).to(torch.float32)
+    value = torch.where(exp == 0, man * 2.0 ** -9, (1.0 + man / 8.0) * torch.exp2((exp - 7).to(torch.float32)))
+    d = torch.where((x == 0) | (x == 0x7F), 0.0, value * 0.5).view(n, 4, 1)
+    q = qs.reshape(n, 4, 8)
+    return (d * _lookup(MXFP4_VALUES, torch.cat([q & 0x0F, q >> 4], dim=-1))).reshape(n, 64)
+
+
 def tq1_0(b):
     n = b.shape[0]
     qs, qh, d = b.split([(QK_K - 4 * QK_K // 64) // 5, QK_K // 64, 2], dim=1)
@@ -205,6 +217,123 @@ def tq2_0(b):
     return _f16(d) * q.to(torch.float32)
 
 
+def _grid(cls) -> torch.Tensor:
+    """gguf-py's value grid of an IQ type, [entries, 8 or 4] float32."""
+    if cls.grid is None:
+        cls.init_grid()
+    return torch.from_numpy(np.ascontiguousarray(cls.grid.reshape(cls.grid_shape)))
+
+
+KSIGNS = torch.tensor(list(quants.IQ2_XXS.ksigns), dtype=torch.uint8)   # 7 sign bits -> 8 with even parity
+GRIDS = {qtype: _grid(cls) for qtype, cls in ((Q.IQ2_XXS, quants.IQ2_XXS), (Q.IQ2_XS, quants.IQ2_XS),
+                                              (Q.IQ2_S, quants.IQ2_S), (Q.IQ3_XXS, quants.IQ3_XXS),
+                                              (Q.IQ3_S, quants.IQ3_S), (Q.IQ1_S, quants.IQ1_S))}
+IQ1_DELTA = float(quants.IQ1_S.delta)
+
+
+def _u16(b: torch.Tensor) -> torch.Tensor:
+    # (n, 2k) uint8 -> (n, k) little-endian uint16 values as int64
+    return b.contiguous().view(torch.int16).to(torch.int64) & 0xFFFF
+
+
+def _u32(b: torch.Tensor) -> torch.Tensor:
+    # (n, 4k) uint8 -> (n, k) little-endian uint32 values as int64
+    return b.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+
+
+def _byte_nibbles(b: torch.Tensor) -> torch.Tensor:
+    # (n, k) uint8 -> (n, 2k): low then high nibble of each byte in turn
+    return ((b.unsqueeze(-1) >> _shifts(b, [0, 4]).view(1, 1, 2)) & 0x0F).reshape(b.shape[0], -1)
+
+
+def _fields(x: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
+    # (n, k) integers -> (n, k * len(shifts)): the fields at `shifts` of each value in turn
+    return ((x.unsqueeze(-1) >> torch.tensor(shifts, dtype=x.dtype, device=x.device)) & mask).reshape(x.shape[0], -1)
+
+
+def _signs(bits: torch.Tensor) -> torch.Tensor:
+    # (...) uint8 of 8 sign bits -> (..., 8) float32 +1 / -1
+    set_ = (bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=bits.device)) & 1
+    return 1.0 - 2.0 * set_.to(torch.float32)
+
+
+def iq2_xxs(b):
+    n = b.shape[0]
+    d, qs = b.split([2, QK_K // 4], dim=1)
+    aux = _u32(qs).view(n, -1, 2)                                       # [n, 8, 2]: grid bytes, signs + scale
+    db = (_f16(d) * (0.5 + (aux[..., 1] >> 28).to(torch.float32)) * 0.25).view(n, -1, 1, 1)
+    signs = _signs(_lookup(KSIGNS, _fields(aux[..., 1], [0, 7, 14, 21], 0x7F)).view(n, -1, 4))   # [n, 8, 4, 8]
+    grid = _lookup(GRIDS[Q.IQ2_XXS], qs.reshape(n, -1, 2, 4)[:, :, 0])                    # [n, 8, 4, 8]
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def iq2_xs(b):
+    n = b.shape[0]
+    d, qs, scales = b.split([2, QK_K // 4, QK_K // 32], dim=1)
+    q = _u16(qs)                                                        # [n, 32]: grid index | signs << 9
+    db = (_f16(d) * (0.5 + _byte_nibbles(scales).to(torch.float32)) * 0.25).view(n, -1, 1, 1)
+    signs = _signs(_lookup(KSIGNS, q >> 9)).view(n, -1, 2, 8)
+    grid = _lookup(GRIDS[Q.IQ2_XS], q & 511).view(n, -1, 2, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def iq2_s(b):
+    n = b.shape[0]
+    d, qs, sign_bits, qh, scales = b.split([2, QK_K // 8, QK_K // 8, QK_K // 32, QK_K // 32], dim=1)
+    db = (_f16(d) * (0.5 + _byte_nibbles(scales).to(torch.float32)) * 0.25).view(n, -1, 1, 1)
+    signs = _signs(sign_bits).view(n, -1, 2, 8)
+    index = qs.to(torch.int64) | (_fields(qh.to(torch.int64), [0, 2, 4, 6], 0x03) << 8)
+    grid = _lookup(GRIDS[Q.IQ2_S], index).view(n, -1, 2, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def iq3_xxs(b):
+    n = b.shape[0]
+    d, qs, scales = b.split([2, QK_K // 4, QK_K // 8], dim=1)
+    aux = _u32(scales)                                                  # [n, 8]: signs + scale
+    db = (_f16(d) * (0.5 + (aux >> 28).to(torch.float32)) * 0.5).view(n, -1, 1, 1)
+    signs = _signs(_lookup(KSIGNS, _fields(aux, [0, 7, 14, 21], 0x7F)).view(n, -1, 4))
+    grid = _lookup(GRIDS[Q.IQ3_XXS], qs).view(n, -1, 4, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def iq3_s(b):
+    n = b.shape[0]
+    d, qs, qh, sign_bits, scales = b.split([2, QK_K // 4, QK_K // 32, QK_K // 8, QK_K // 64], dim=1)
+    db = (_f16(d) * (1 + 2 * _byte_nibbles(scales)).to(torch.float32)).view(n, -1, 1, 1)
+    signs = _signs(sign_bits).view(n, -1, 4, 8)
+    index = qs.to(torch.int64) | (_fields(qh.to(torch.int64), list(range(8)), 0x01) << 8)
+    grid = _lookup(GRIDS[Q.IQ3_S], index).view(n, -1, 4, 8)
+    return (db * grid * signs).reshape(n, QK_K)
+
+
+def iq1_s(b):
+    n = b.shape[0]
+    d, qs, qh = b.split([2, QK_K // 8, QK_K // 16], dim=1)
+    h = _u16(qh)                                                        # [n, 8]
+    dl = (_f16(d) * (2 * ((h >> 12) & 7) + 1).to(torch.float32)).view(n, -1, 1, 1)
+    delta = torch.where((h & 0x8000) == 0, IQ1_DELTA, -IQ1_DELTA).to(torch.float32).view(n, -1, 1, 1)
+    index = qs.to(torch.int64) | (_fields(h, [0, 3, 6, 9], 0x07) << 8)
+    grid = _lookup(GRIDS[Q.IQ1_S], index).view(n, -1, 4, 8)
+    return (dl * (grid + delta)).reshape(n, QK_K)
+
+
+def iq1_m(b):
+    """As ggml's dequantize_row_iq1_m. gguf-py 0.19 differs: its delta test is read as
+    `qh & (0x08 == 0)`, so every group gets -delta; where the bit is set both agree."""
+    n = b.shape[0]
+    qs, qh, scales = b.split([QK_K // 8, QK_K // 16, QK_K // 32], dim=1)
+    sc = _u16(scales)                                                   # [n, 4]; the fp16 scale in their top nibbles
+    top = (sc & 0xF000) >> torch.tensor([12, 8, 4, 0], device=b.device)
+    d = (top[:, 0] | top[:, 1] | top[:, 2] | top[:, 3]).to(torch.int16).view(torch.float16).to(torch.float32)
+    dl = (d.view(n, 1) * (2 * _fields(sc, [0, 3, 6, 9], 0x07) + 1).to(torch.float32)).view(n, -1, 2, 1, 1)
+    halves = _byte_nibbles(qh)                                          # [n, 32]: 3 index bits + the delta sign
+    index = qs.to(torch.int64) | ((halves & 0x07).to(torch.int64) << 8)
+    delta = torch.where((halves & 0x08) == 0, IQ1_DELTA, -IQ1_DELTA).to(torch.float32).view(n, -1, 2, 2, 1)
+    grid = _lookup(GRIDS[Q.IQ1_S], index).view(n, -1, 2, 2, 8)
+    return (dl * (grid + delta)).reshape(n, QK_K)
+
+
 def f32(b):
     return b.contiguous().view(torch.float32).clone()
 
@@ -222,6 +351,8 @@ BLOCK_DEQUANTIZERS = {
     Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0,
     Q.Q2_K: q2_k, Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k,
     Q.IQ4_NL: iq4_nl, Q.IQ4_XS: iq4_xs, Q.MXFP4: mxfp4, Q.TQ1_0: tq1_0, Q.TQ2_0: tq2_0,
+    Q.IQ2_XXS: iq2_xxs, Q.IQ2_XS: iq2_xs, Q.IQ2_S: iq2_s, Q.IQ3_XXS: iq3_xxs, Q.IQ3_S: iq3_s,
+    Q.IQ1_S: iq1_s, Q.IQ1_M: iq1_m, Q.NVFP4: nvfp4,
 }
 
 

@@ -1,6 +1,6 @@
 """Dequantizers side by side: values/s of each torch dequantizer against gguf-py's numpy one on
-the same blocks, and the peak memory of dequantizing a tensor of a type that still goes
-through gguf-py, piece by piece, against gguf-py on the whole tensor.
+the same blocks, and the peak memory of dequantizing a tensor piece by piece against gguf-py
+on the whole tensor copied into torch (what the fallback did before it went piece by piece).
 
     python -m pipeline.bench --config configs/bench/dequant.toml
 """
@@ -23,7 +23,7 @@ raw = np.random.default_rng(0).integers(0, 256, (values // block, size), dtype=n
 raw[:, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)   # finite scales
 reset_peak_rss()
 base = peak_rss_mb()
-if whole:   # gguf-py on the whole tensor, then into torch: what the fallback did before
+if whole:   # gguf-py on the whole tensor, then into torch
     out = torch.from_numpy(np.array(quants.dequantize(raw, qtype), dtype=np.float32))
 else:
     out = dequantize(raw, qtype)
