@@ -5,6 +5,7 @@ import re
 
 import luigi
 import pytest
+import torch
 
 from pipeline.errors import UserError
 from pipeline.model.arch import load_architecture
@@ -30,7 +31,7 @@ def a_third_of_the_trunk_fits(run, monkeypatch) -> int:
     """The CPU's memory, from now on, holds a third of the run's float32 trunk (of how many layers)."""
     windows = run.placement()                                     # fits this machine
     s = run.spec()
-    per_layer = [preflight.layer_weight_bytes(s.gguf, i, 4) for i in range(windows[-1].last)]
+    per_layer = [preflight.layer_weight_bytes(s.gguf, i, torch.float32) for i in range(windows[-1].last)]
     n_head = load_architecture(s.gguf).hp.n_head
     fixed = preflight.RUNTIME_BYTES + preflight.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
     monkeypatch.setattr(preflight, "available_bytes", lambda device: fixed + sum(per_layer) // 3)

@@ -2,7 +2,8 @@
 over instead of allocating (and page-faulting) its own; no other task keeps it."""
 import torch
 
-from pipeline.gguf_io.reader import open_gguf
+from pipeline.gguf_io.dequant import dequantize
+from pipeline.gguf_io.reader import GGUFIndex, open_gguf
 from pipeline.model import weight_block
 from pipeline.model.arch import load_architecture
 from pipeline.model.executor import WindowExecutor
@@ -52,3 +53,29 @@ def test_the_next_window_of_that_size_takes_it_over_with_the_same_numbers(model_
 def test_no_block_is_kept_past_the_last_window(tmp_path):
     run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=10)
     assert weight_block._kept is None                   # the Score task let it go
+
+
+def test_a_bfloat16_moe_window_holds_every_tensor_in_its_block(tiny_model):
+    # routers, selection biases and norms are held in float32: the block is sized for it, so no
+    # tensor of the window is allocated beside it (memory the preflight would not have counted)
+    _, path = tiny_model("nemotron_h_moe")
+    arch = load_architecture(GGUFIndex(path))
+    window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", torch.bfloat16)
+    start = window.weights.data.data_ptr()
+    end = start + window.weights.data.numel()
+    held = [(name, t) for layer in window.layers for name, t in layer.named_buffers()]
+    assert held and all(start <= t.data_ptr() < end for _, t in held)
+    wide = {name.rsplit(".", 1)[-1] for name, t in held if t.dtype == torch.float32}
+    assert {"router", "selection_bias", "norm", "A", "D", "dt_bias"} <= wide
+
+
+def test_norm_weights_keep_their_float32_bits_in_bfloat16(model_path):
+    # Gemma stores its norms as 1 + w: rounded to bfloat16 they would lose w's low bits
+    gguf = GGUFIndex(model_path("gemma3-270m"))
+    arch = load_architecture(gguf)
+    layer = arch.load_layer(0, "cpu", torch.bfloat16)
+    norm = layer.steps[0].norm
+    exact = dequantize(gguf.raw("blk.0.attn_norm.weight"), gguf.tensors["blk.0.attn_norm.weight"].qtype)
+    assert norm.dtype == torch.float32 and torch.equal(norm, exact)
+    assert not torch.equal(exact.to(torch.bfloat16).float(), exact)   # the test would see the rounding
+    assert layer.steps[0].op.w["q"].dtype == torch.bfloat16           # the matrices stay in the compute dtype

@@ -387,7 +387,7 @@ class LayerWindow(PlacedTask):
             loaded[0].release()
             weight_bytes = loaded[0].weight_bytes
         else:  # every chunk was there already: the weights were never loaded
-            weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype.itemsize)
+            weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
         self.commit(device=device, weight_bytes=weight_bytes, device_peak_mb=peak, **stats)
 

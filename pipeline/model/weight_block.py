@@ -16,6 +16,20 @@ import torch
 from ..gguf_io.reader import GGUFIndex
 
 ALIGN = 64  # bytes: every tensor starts on a cache line
+# held in float32 (or wider) whatever the compute dtype: norm weights (Gemma's stored 1 + w too),
+# routers and selection biases, the recurrent layers' A, D and dt bias; what reads them computes
+# in float32, so rounding them to 16 bits first would lose bits that are never recovered
+WIDE = ("_norm.weight", "ffn_gate_inp.weight", "exp_probs_b.bias", ".ssm_a", ".ssm_d", "ssm_dt.bias")
+
+
+def held_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype a window holds tensor `name` in when it computes in `dtype`."""
+    return torch.promote_types(dtype, torch.float32) if name.endswith(WIDE) else dtype
+
+
+def tensor_bytes(info, dtype: torch.dtype) -> int:
+    """Bytes of a GGUF tensor (a TensorInfo) dequantized for compute in `dtype`."""
+    return math.prod(info.shape) * held_dtype(info.name, dtype).itemsize
 
 
 def _aligned(n: int) -> int:
@@ -33,9 +47,8 @@ class WeightBlock:
 
     @classmethod
     def for_layers(cls, gguf: GGUFIndex, first: int, last: int, dtype: torch.dtype, device) -> "WeightBlock":
-        """Room for every tensor of blocks [first, last) in `dtype`."""
-        need = sum(_aligned(math.prod(t.shape) * dtype.itemsize)
-                   for i in range(first, last) for t in gguf.layer_tensors(i))
+        """Room for every tensor of blocks [first, last) dequantized for compute in `dtype`."""
+        need = sum(_aligned(tensor_bytes(t, dtype)) for i in range(first, last) for t in gguf.layer_tensors(i))
         return cls.reused(need, device)
 
     @classmethod

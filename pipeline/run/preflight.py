@@ -16,9 +16,11 @@ GiB = 2 ** 30
 RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of a window task
 
 
-def layer_weight_bytes(gguf: GGUFIndex, i: int, element_size: int) -> int:
-    """Bytes the dequantized tensors of block `i` take at `element_size` bytes per value."""
-    return sum(element_size * int(np.prod(t.shape)) for t in gguf.layer_tensors(i))
+def layer_weight_bytes(gguf: GGUFIndex, i: int, dtype) -> int:
+    """Bytes the dequantized tensors of block `i` take for compute in `dtype` (torch dtype)."""
+    from ..model.weight_block import tensor_bytes
+
+    return sum(tensor_bytes(t, dtype) for t in gguf.layer_tensors(i))
 
 
 def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
@@ -79,14 +81,14 @@ def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: in
     """Check every window of a placement against its device's memory before the pass starts."""
     import torch
 
-    sizes = {d: torch.tensor([], dtype=getattr(torch, name)).element_size() for d, name in dtype_names.items()}
+    dtypes = {d: getattr(torch, name) for d, name in dtype_names.items()}
     fixed = RUNTIME_BYTES + activation_bytes(gguf, batch, ctx, n_head)
     for device in sorted({w.device for w in windows}):
-        per_layer = [layer_weight_bytes(gguf, i, sizes[device]) for i in range(n_layers)]
+        per_layer = [layer_weight_bytes(gguf, i, dtypes[device]) for i in range(n_layers)]
         check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names,
                           {device: available_bytes(device)})
     last = windows[-1].device
-    check_head_fits(gguf, last, dtype_names[last], sizes[last], available_bytes(last))
+    check_head_fits(gguf, last, dtype_names[last], dtypes[last].itemsize, available_bytes(last))
 
 
 def check_head_fits(gguf: GGUFIndex, device: str, dtype_name: str, element_size: int, available: int) -> None:

@@ -21,7 +21,7 @@ from torch import nn
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
-from ..weight_block import WeightBlock
+from ..weight_block import WeightBlock, held_dtype
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_computed
 from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
 from .ffn import MLP, MoE, Routing
@@ -107,7 +107,7 @@ class BlockTensors:
         name = self.name(kind, suffix)
         if name not in self.gguf.tensors and not required:
             return None
-        t = read_tensor(self.gguf, name, self.device, dtype or self.dtype, self.weights)
+        t = read_tensor(self.gguf, name, self.device, dtype or held_dtype(name, self.dtype), self.weights)
         self.read.add(name)
         return t
 
@@ -373,15 +373,14 @@ class DecoderArch:
         if t.has(MT.FFN_UP_SHEXP):
             shared = MLP(t(MT.FFN_UP_SHEXP), t(MT.FFN_DOWN_SHEXP), t(MT.FFN_GATE_SHEXP, required=False),
                          self.activation)
-        routing_dtype = torch.promote_types(t.dtype, torch.float32)
-        router = t(MT.FFN_GATE_INP, dtype=routing_dtype)
+        router = t(MT.FFN_GATE_INP)
         if self.fused_gate_up_experts and t.has(MT.FFN_GATE_UP_EXP):  # the converter's --fuse-gate-up-exps
             gate, up = t(MT.FFN_GATE_UP_EXP).chunk(2, dim=1)                      # [E, ff, hidden] each
         else:
             up, gate = t(MT.FFN_UP_EXP), t(MT.FFN_GATE_EXP, required=False)
         return MoE(router=router, up=up, down=t(MT.FFN_DOWN_EXP), gate=gate, act=self.activation,
                    routing=self.routing(i),
-                   selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False, dtype=routing_dtype),
+                   selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
                    shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False))
 
     # -- embedding and head ----------------------------------------------------------------
@@ -401,7 +400,8 @@ class DecoderArch:
         out = TENSOR_NAMES[MT.OUTPUT] + ".weight"
         if out not in self.gguf.tensors:  # tied embeddings
             out = TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"
-        norm = read_tensor(self.gguf, TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight", device, dtype)
+        norm_name = TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight"
+        norm = read_tensor(self.gguf, norm_name, device, held_dtype(norm_name, dtype))
         return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps, self.finish_logits)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
