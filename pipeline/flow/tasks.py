@@ -230,6 +230,12 @@ class PlacedTask(OutputTask):
     def shard_identity(self) -> dict:
         return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
 
+    def device_identity(self) -> dict:
+        """The device type that computes this output: a CUDA output is never taken for a CPU one
+        (the same dtype does not give the same numbers on both). The CPU, which every output
+        before this key was computed on, adds nothing, so those outputs keep their names."""
+        return {"device": self.device()} if self.device() != "cpu" else {}
+
     def device(self) -> str:
         return "cpu"
 
@@ -358,7 +364,7 @@ class LayerWindow(PlacedTask):
     def identity(self):
         return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
                 "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
-                **self.shard_identity()}
+                **self.shard_identity(), **self.device_identity()}
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
@@ -415,7 +421,7 @@ class Score(PlacedTask):
 
     def identity(self):
         identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
-                    **self.shard_identity()}
+                    **self.shard_identity(), **self.device_identity()}
         if self.kl_base:
             identity["kl_base"] = self.base_task().spec().model_sha256
         return identity
