@@ -17,6 +17,7 @@ from gguf import Keys
 
 from ..errors import UserError
 from ..paths import RUNS, location
+from ..run import cuda_probe
 from ..run.placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
 from ..run.spec import resolve_run
 from ..store import outputs
@@ -573,10 +574,13 @@ class PerplexityRun(RunTask):
 
 
 def compute_dtype_name(choice: str, device: str) -> str:
-    """--compute-dtype auto is float32 on the CPU (exact) and bfloat16 on CUDA."""
+    """--compute-dtype auto is float32 on the CPU (exact) and bfloat16 on CUDA, float16 on a GPU
+    without bfloat16 (a value out of its range stops the pass: NaN or inf is never a result)."""
     if choice != "auto":
         return choice
-    return "float32" if device == "cpu" else "bfloat16"
+    if device == "cpu":
+        return "float32"
+    return "bfloat16" if cuda_probe.cuda_facts()["bf16"] else "float16"
 
 
 def _chain(tasks: list) -> list:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex
+from . import cuda_probe
 
 GiB = 2 ** 30
 RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of a window task
@@ -33,12 +34,10 @@ def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
 
 
 def available_bytes(device: str) -> int:
-    """Memory a window task may use now: free device memory on CUDA; on the CPU the kernel's
-    MemAvailable, capped by the cgroup limit where one is set."""
+    """Memory a window task may use now: free device memory on CUDA (asked in a child process,
+    cuda_probe.py); on the CPU the kernel's MemAvailable, capped by the cgroup limit where one is set."""
     if device.startswith("cuda"):
-        import torch
-
-        return torch.cuda.mem_get_info(torch.device(device))[0]
+        return cuda_probe.cuda_facts()["free"]
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     meminfo = Path("/proc/meminfo")
     if meminfo.is_file():

@@ -1,0 +1,31 @@
+"""What the CUDA device offers (free memory, bfloat16 support), asked once per process in a
+short child process: the process that schedules the tasks never initialises CUDA itself, since
+Luigi forks a process per task with --workers > 1 and a child of a process that has
+initialised CUDA cannot use it."""
+import functools
+import json
+import subprocess
+import sys
+
+from ..errors import UserError
+
+PROBE = ("import json, torch; "
+         "print(json.dumps({'free': torch.cuda.mem_get_info()[0], 'bf16': torch.cuda.is_bf16_supported()}))")
+
+
+def cuda_facts() -> dict:
+    """{"free": bytes free on the current CUDA device, "bf16": whether it computes in bfloat16}."""
+    facts = _probe()
+    if isinstance(facts, str):
+        raise UserError(f"the CUDA device could not be queried: {facts}")
+    return facts
+
+
+@functools.cache
+def _probe() -> dict | str:
+    """The child process's answer, or its last line of error (kept too: asked once either way)."""
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        return (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(lines[-1])

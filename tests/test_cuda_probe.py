@@ -1,0 +1,37 @@
+"""CUDA is asked about in a child process, never initialised by the process that schedules the
+tasks; --compute-dtype auto follows what the device computes."""
+import pytest
+import torch
+
+from pipeline.errors import UserError
+from pipeline.flow.tasks import compute_dtype_name
+from pipeline.run import cuda_probe, preflight
+
+
+@pytest.fixture
+def a_gpu_without_bfloat16(monkeypatch):
+    monkeypatch.setattr(cuda_probe, "_probe", lambda: {"free": 12 * 2**30, "bf16": False})
+
+    def initialised(*args, **kwargs):
+        raise AssertionError("CUDA was initialised in the scheduling process")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", initialised)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", initialised)
+
+
+def test_auto_is_float16_on_a_gpu_without_bfloat16(a_gpu_without_bfloat16):
+    assert compute_dtype_name("auto", "cuda") == "float16"
+    assert compute_dtype_name("auto", "cpu") == "float32"
+    assert compute_dtype_name("bfloat16", "cuda") == "bfloat16"
+
+
+def test_free_device_memory_comes_from_the_probe(a_gpu_without_bfloat16):
+    assert preflight.available_bytes("cuda") == 12 * 2**30
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_the_probe_runs_in_a_child_process_and_says_why_it_failed():
+    cuda_probe._probe.cache_clear()
+    with pytest.raises(UserError, match="the CUDA device could not be queried"):
+        cuda_probe.cuda_facts()
+    assert isinstance(cuda_probe._probe(), str)   # asked once: the answer is kept
+    cuda_probe._probe.cache_clear()
