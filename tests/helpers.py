@@ -19,19 +19,23 @@ REFERENCE_NAMES = {"smollm2-135m": "smol", "gemma3-270m": "gemma", "qwen2.5-0.5b
 
 
 def run_pipeline(run_root: Path, **params) -> dict:
-    """Run PerplexityRun in-process on the local scheduler; return its result JSON."""
+    """Run PerplexityRun in-process on the local scheduler; return its result JSON. The CPU
+    unless `device` is given: on a machine with CUDA these tests test what they say."""
     from pipeline import PerplexityRun
 
     result = run_root / "result.json"
-    task = PerplexityRun(run_root=str(run_root), result_json=str(result), **params)
+    task = PerplexityRun(run_root=str(run_root), result_json=str(result), **{"device": "cpu", **params})
     summary = luigi.build([task], local_scheduler=True, detailed_summary=True, log_level="WARNING")
     assert summary.status.name in ("SUCCESS", "SUCCESS_WITH_RETRY"), summary.summary_text
     return json.loads(result.read_text())
 
 
 def luigi_cli(*args, run_root):
-    """`luigi --module pipeline PerplexityRun ARGS` from the repository root, as users type it."""
-    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root", str(run_root), *args]
+    """`luigi --module pipeline PerplexityRun ARGS` from the repository root, as users type it;
+    on the CPU unless ARGS name a --device."""
+    device = [] if "--device" in args else ["--device", "cpu"]
+    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root", str(run_root),
+           *device, *args]
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
 
 

@@ -117,7 +117,7 @@ def test_full_disk_mid_pass_keeps_completed_chunks_and_resumes(tmp_path, monkeyp
     monkeypatch.setattr(ChunkedArray, "write_chunk", write_until_full)
     from pipeline import PerplexityRun
 
-    failed = luigi.build([PerplexityRun(run_root=str(tmp_path / "run"), **params)], local_scheduler=True,
+    failed = luigi.build([PerplexityRun(run_root=str(tmp_path / "run"), device="cpu", **params)], local_scheduler=True,
                          detailed_summary=True)
     assert failed.status.name == "FAILED"
     lines = [r.getMessage() for r in caplog.records if "layercycle:" in r.getMessage()]

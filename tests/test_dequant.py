@@ -111,9 +111,10 @@ def test_unsupported_type_names_tensor_and_type():
         dequantize(raw, Q.Q8_K, name="blk.3.ffn_up.weight")
 
 
-def test_dequantizes_on_the_requested_device():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device"))])
+def test_dequantizes_on_the_requested_device(device):
     raw = random_blocks(Q.Q4_K, rows=2, row_blocks=1, seed=3)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     out = dequantize(raw, Q.Q4_K, device=device)
     assert out.device.type == device and out.dtype == torch.float32
     np.testing.assert_array_equal(out.cpu().numpy(), quants.dequantize(raw, Q.Q4_K))

@@ -42,13 +42,13 @@ def a_third_of_the_trunk_fits(run, monkeypatch) -> int:
 def test_whole_trunk_refused_before_it_starts_and_the_advice_runs(monkeypatch, tmp_path):
     from pipeline import PerplexityRun
 
-    run = PerplexityRun(model="smollm2-135m", window_layers=0, run_root=str(tmp_path))
+    run = PerplexityRun(model="smollm2-135m", window_layers=0, device="cpu", run_root=str(tmp_path))
     n_layers = a_third_of_the_trunk_fits(run, monkeypatch)
     with pytest.raises(UserError, match="--window-layers") as refused:
         run.placement()
     advised = int(re.search(r"--window-layers (\d+) fits", str(refused.value)).group(1))
     assert 0 < advised < n_layers
-    assert PerplexityRun(model="smollm2-135m", window_layers=advised, run_root=str(tmp_path)).placement()
+    assert PerplexityRun(model="smollm2-135m", window_layers=advised, device="cpu", run_root=str(tmp_path)).placement()
     assert not list(tmp_path.iterdir())                           # refused before any task ran
 
 
@@ -57,7 +57,7 @@ def test_the_command_refuses_it_in_one_line(monkeypatch, tmp_path, caplog):
     preflight's line and no task runs."""
     from pipeline import PerplexityRun
 
-    run = PerplexityRun(model="smollm2-135m", window_layers=0, run_root=str(tmp_path))
+    run = PerplexityRun(model="smollm2-135m", window_layers=0, device="cpu", run_root=str(tmp_path))
     a_third_of_the_trunk_fits(run, monkeypatch)
     done = luigi.build([run], local_scheduler=True, detailed_summary=True)
     assert done.status.name == "FAILED"

@@ -33,7 +33,7 @@ def load_settings(path: Path = CONFIGS / "stress.toml") -> dict:
 
 
 def pass_args(settings: dict) -> list[str]:
-    keys = ("model", "task", "corpus", "ctx", "chunks", "windows_per_chunk", "window_layers")
+    keys = ("model", "task", "corpus", "ctx", "chunks", "windows_per_chunk", "window_layers", "device")
     return [arg for k in keys for arg in (f"--{k.replace('_', '-')}", str(settings[k]))]
 
 
