@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pipeline.model.arch.ffn import MLP, MoE, Routing, relu2, route
+from pipeline.model.arch.ffn import MLP, MoE, Routing, feed_forward, relu2, route
 
 F64 = dict(dtype=torch.float64)
 E, H, FF = 6, 16, 8
@@ -132,3 +132,26 @@ def test_group_limited_routing_matches_reference():
     free = Routing(n_used=2, gating="sigmoid", normalize=True)
     _, unlimited = route(F.linear(x, router), free, bias)
     assert not torch.equal(experts_chosen.sort(-1).values, unlimited.sort(-1).values)  # the limit bites
+
+
+def per_expert_masks(moe, x):
+    """The routing loop as it was: a unique and a nonzero per expert (host syncs in each)."""
+    flat = x.reshape(-1, x.shape[-1])
+    weights, experts = route(F.linear(flat.to(torch.float32), moe.router), moe.routing, moe.selection_bias)
+    out = torch.zeros(flat.shape, dtype=weights.dtype)
+    for e in torch.unique(experts).tolist():
+        token, slot = (experts == e).nonzero(as_tuple=True)
+        gate = None if moe.gate is None else moe.gate[e]
+        y = feed_forward(flat[token], moe.up[e], moe.down[e], gate, moe.act)
+        out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
+    return out.to(x.dtype).view_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_routing_gives_the_per_expert_loop_bit_for_bit(dtype):
+    g = torch.Generator().manual_seed(9)
+    up, down, gate = (t.to(dtype) for t in experts(seed=9))
+    router = torch.randn(E, H, generator=g)
+    moe = MoE(router, up, down, gate, F.silu, Routing(n_used=3, gating="softmax", normalize=True))
+    x = torch.randn(2, 50, H, generator=g).to(dtype)
+    assert torch.equal(moe(x), per_expert_masks(moe, x))

@@ -101,8 +101,15 @@ class MoE(Weights):
         flat = x.reshape(-1, x.shape[-1])                                     # [N, hidden]
         weights, experts = route(F.linear(wide(flat), self.router), self.routing, self.selection_bias)
         out = torch.zeros(flat.shape, dtype=weights.dtype, device=flat.device)  # summed in float32 or wider
-        for e in torch.unique(experts).tolist():
-            token, slot = (experts == e).nonzero(as_tuple=True)               # [n_e], [n_e]
+        # the (token, slot) pairs grouped by expert, tokens ascending in each group (a stable
+        # sort); one count per expert is the only value that goes to the host
+        k = experts.shape[1]
+        pairs = torch.sort(experts.flatten(), stable=True).indices               # [N * k]
+        counts = torch.bincount(experts.flatten(), minlength=self.up.shape[0]).tolist()
+        for e, group in enumerate(pairs.split(counts)):
+            if not counts[e]:
+                continue
+            token, slot = group // k, group % k                                 # [n_e], [n_e]
             gate = None if self.gate is None else self.gate[e]
             y = feed_forward(flat[token], self.up[e], self.down[e], gate, self.act)  # [n_e, hidden]
             out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
