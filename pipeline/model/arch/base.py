@@ -26,6 +26,7 @@ from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_
 from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
 from .ffn import MLP, MoE, Routing
 from .rope import RopeSpec, read_rope, rope_tables
+from .shapes import check_shapes, qkv_rows
 
 MT = MODEL_TENSOR
 
@@ -49,12 +50,6 @@ class HParams:
     eps: float
     context_length: int
     vocab: int
-
-
-def qkv_rows(spec: AttentionSpec) -> list[int]:
-    """Rows of the Q (with its gate), K and V projections, in that order in a fused attn_qkv."""
-    return [spec.n_head * (spec.key_dim + (spec.value_dim if spec.gated else 0)), spec.n_kv * spec.key_dim,
-            spec.n_kv * spec.value_dim]
 
 
 class Tables:
@@ -102,12 +97,11 @@ class BlockTensors:
     def has(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> bool:
         return self.name(kind, suffix) in self.gguf.tensors
 
-    def __call__(self, kind: MODEL_TENSOR, suffix: str | None = "weight", required: bool = True,
-                 dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    def __call__(self, kind: MODEL_TENSOR, suffix: str | None = "weight", required: bool = True) -> torch.Tensor | None:
         name = self.name(kind, suffix)
         if name not in self.gguf.tensors and not required:
             return None
-        t = read_tensor(self.gguf, name, self.device, dtype or held_dtype(name, self.dtype), self.weights)
+        t = read_tensor(self.gguf, name, self.device, held_dtype(name, self.dtype), self.weights)
         self.read.add(name)
         return t
 
@@ -165,7 +159,7 @@ class DecoderArch:
         refuse_settings_not_computed(self)
         self.groups = self.expert_groups()
         self.specs = [self.layer_spec(i) for i in range(self.hp.n_layers)]
-        self.check_shapes()
+        check_shapes(self)
 
     def settings_not_computed(self) -> dict:
         """The settings this family does not compute, each with the test of a value that
@@ -203,81 +197,6 @@ class DecoderArch:
 
     def has_tensor(self, i: int, kind: MODEL_TENSOR, suffix: str = "weight") -> bool:
         return f"{TENSOR_NAMES[kind].format(bid=i)}.{suffix}" in self.gguf.tensors
-
-    # -- the tensors against the metadata ----------------------------------------------------
-    def check_shapes(self) -> None:
-        """What the metadata says against the tensors' shapes, before any work: the vocabulary,
-        the blocks present, heads x head sizes and the feed-forward widths, one line naming the
-        first tensor that disagrees."""
-        t, hp = self.gguf.tensors, self.hp
-        tokens = self.gguf.metadata.get(Keys.Tokenizer.LIST)
-        vocab = tokens.count if tokens is not None else t[TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"].shape[0]
-        for key in (Keys.Tokenizer.SCORES, Keys.Tokenizer.TOKEN_TYPE):
-            if key in self.gguf.metadata and len(self.gguf.metadata[key]) != vocab:
-                raise UserError(f"{self.gguf.path}: {key} has {len(self.gguf.metadata[key])} entries for "
-                                f"{vocab} tokens")
-        self.expect(TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight", (vocab, hp.hidden), "tokens x embedding_length",
-                    required=True)
-        self.expect(TENSOR_NAMES[MT.OUTPUT] + ".weight", (vocab, hp.hidden), "tokens x embedding_length")
-        self.expect(TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight", (hp.hidden,), "embedding_length", required=True)
-        blocks = {int(n.split(".")[1]) for n in t if n.startswith("blk.") and n.split(".")[1].isdigit()}
-        total = int(self.key(Keys.LLM.BLOCK_COUNT))
-        if blocks - set(range(total)) or set(range(hp.n_layers)) - blocks:
-            odd = min((blocks - set(range(total))) or (set(range(hp.n_layers)) - blocks))
-            raise UserError(f"{self.gguf.path}: block_count is {total} but block {odd} "
-                            f"{'has tensors' if odd >= total else 'has none'}")
-        for spec in self.specs:
-            self.expect_layer(spec)
-
-    def expect(self, name: str, shape: tuple[int, ...], why: str, required: bool = False) -> None:
-        info = self.gguf.tensors.get(name)
-        if info is None and required:
-            raise UserError(f"{self.gguf.path}: missing tensor {name}")
-        if info is not None and info.shape != shape:
-            raise UserError(f"{self.gguf.path}: tensor {name} is {list(info.shape)} where the metadata gives "
-                            f"{list(shape)} ({why})")
-
-    def expect_layer(self, spec: LayerSpec) -> None:
-        """Attention and feed-forward tensors of one layer against its spec (recurrent mixers'
-        own tensors are checked when they are built)."""
-        hidden = self.hp.hidden
-
-        def name(kind: MODEL_TENSOR, suffix: str = "weight") -> str:
-            return f"{TENSOR_NAMES[kind].format(bid=spec.index)}.{suffix}"
-        a = spec.attention
-        if a is not None:
-            if a.n_head <= 0 or a.n_kv <= 0 or a.n_head % a.n_kv or a.key_dim <= 0 or a.value_dim <= 0:
-                raise UserError(f"{self.gguf.path}: layer {spec.index} has {a.n_head} heads, {a.n_kv} KV heads, "
-                                f"head sizes {a.key_dim} / {a.value_dim}: not an attention layer")
-            q_rows, k_rows, v_rows = qkv_rows(a)
-            if name(MT.ATTN_QKV) in self.gguf.tensors:
-                self.expect(name(MT.ATTN_QKV), (q_rows + k_rows + v_rows, hidden), "Q, K and V rows x embedding_length")
-                self.expect(name(MT.ATTN_QKV, "bias"), (q_rows + k_rows + v_rows,), "Q, K and V rows")
-            for kind, rows, why in ((MT.ATTN_Q, q_rows, "head_count x key_length" + (" + gate" if a.gated else "")),
-                                    (MT.ATTN_K, k_rows, "head_count_kv x key_length"),
-                                    (MT.ATTN_V, v_rows, "head_count_kv x value_length")):
-                fused = name(MT.ATTN_QKV) in self.gguf.tensors
-                self.expect(name(kind), (rows, hidden), why + " x embedding_length", required=not fused)
-                self.expect(name(kind, "bias"), (rows,), why)
-            self.expect(name(MT.ATTN_OUT), (hidden, a.n_head * a.value_dim), "embedding_length x heads x value_length",
-                        required=True)
-            for kind in (MT.ATTN_Q_NORM, MT.ATTN_K_NORM):
-                self.expect(name(kind), (a.key_dim,), "key_length")
-        if spec.ffn == "mlp":
-            ff = self.gguf.tensors[name(MT.FFN_UP)].shape[0] if name(MT.FFN_UP) in self.gguf.tensors else 0
-            self.expect(name(MT.FFN_UP), (ff, hidden), "feed-forward width x embedding_length", required=True)
-            self.expect(name(MT.FFN_GATE), (ff, hidden), "the up projection's shape")
-            self.expect(name(MT.FFN_DOWN), (hidden, ff), "the up projection's, transposed", required=True)
-        elif spec.ffn == "moe":
-            n_expert = int(self.key(Keys.LLM.EXPERT_COUNT))
-            down = self.gguf.tensors.get(name(MT.FFN_DOWN_EXP))
-            ff = down.shape[2] if down is not None and len(down.shape) == 3 else 0
-            fused = self.fused_gate_up_experts and name(MT.FFN_GATE_UP_EXP) in self.gguf.tensors
-            self.expect(name(MT.FFN_GATE_INP), (n_expert, hidden), "expert_count x embedding_length", required=True)
-            self.expect(name(MT.FFN_GATE_UP_EXP), (n_expert, 2 * ff, hidden), "gate and up of expert_count experts")
-            self.expect(name(MT.FFN_UP_EXP), (n_expert, ff, hidden), "expert_count experts", required=not fused)
-            self.expect(name(MT.FFN_GATE_EXP), (n_expert, ff, hidden), "the up projections' shape")
-            self.expect(name(MT.FFN_DOWN_EXP), (n_expert, hidden, ff), "the up projections', transposed", required=True)
 
     # -- the spec of each layer ------------------------------------------------------------
     def layer_spec(self, i: int) -> LayerSpec:
