@@ -46,7 +46,7 @@ class RunTask(luigi.Task):
     tokens_file = luigi.Parameter(default="", description="pre-tokenized ids (.npy or whitespace-separated)")
     method = luigi.Parameter(default="", description="llama-cpp or stride (default: the task's)")
     ctx = luigi.IntParameter(default=0, description="tokens per sequence (default: the task's)")
-    stride = luigi.IntParameter(default=0, description="stride method: tokens between windows (default ctx/2)")
+    stride = luigi.IntParameter(default=0, description="stride method: tokens between sequence starts (default ctx/2)")
     unscored_prefix = luigi.IntParameter(default=-1, description="llama-cpp: unscored positions (default ctx/2)")
     chunks = luigi.IntParameter(default=-1, description="sequences to score, 0 = all (default: the task's)")
     bos = luigi.ChoiceParameter(choices=["auto", "yes", "no"], default="auto", description="BOS handling")
