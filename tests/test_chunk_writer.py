@@ -110,3 +110,66 @@ def test_the_next_chunk_is_read_while_one_computes(tmp_path):
             return 2 * x + 1
         return compute
     fill(array(tmp_path), read, load, "test")
+
+
+def blocking_writes(out, started: dict, finished: dict, overlap: set = frozenset(), die: set = frozenset()):
+    """Make `out`'s chunk writes record when they start and end; a write of a chunk in
+    `overlap` or `die` waits until the next chunk's compute has begun (which a write on the
+    compute thread never sees), and one in `die` then dies unwritten (the process killed mid-write)."""
+    write = out.write_chunk
+
+    def slow_write(i, data):
+        started[i].set()
+        if i in overlap | die:
+            assert computing[i + 1].wait(5), f"chunk {i + 1} did not compute while chunk {i} was written"
+        if i in die:
+            raise Killed
+        write(i, data)
+        finished[i].set()
+    computing = {i: threading.Event() for i in range(5)}
+    out.write_chunk = slow_write
+    return computing
+
+
+def test_write_behind_overlaps_compute_with_one_write_in_flight(tmp_path):
+    started, finished = ({i: threading.Event() for i in range(4)} for _ in range(2))
+    out = array(tmp_path)
+    computing = blocking_writes(out, started, finished, overlap={0, 1, 2})
+
+    def load():
+        def compute(i, x):
+            computing[i].set()
+            if i >= 2:   # chunk i - 2 is stored before chunk i computes: one write in flight at most
+                assert finished[i - 2].is_set(), f"chunk {i} computed while chunk {i - 2} was still unwritten"
+            return 2 * x + 1
+        return compute
+    fill(out, source, load, "test", write_behind=True)
+    out = array(tmp_path)
+    np.testing.assert_array_equal(np.concatenate([out.read_chunk(i) for i in range(4)]), expected())
+    assert (tmp_path / "journal.log").read_text().splitlines()[-1] == "wrote 3"
+
+
+@pytest.mark.parametrize("write_behind, redone", [(False, [2, 3]), (True, [1, 2, 3])])
+def test_a_kill_loses_one_chunk_or_with_write_behind_two(tmp_path, write_behind, redone):
+    """Killed while computing chunk 2: without write-behind chunk 1 is stored already; with it,
+    chunk 1's write may be in flight and is lost too (the README's bound)."""
+    started, finished = ({i: threading.Event() for i in range(4)} for _ in range(2))
+    out = array(tmp_path)
+    computing = blocking_writes(out, started, finished, die={1} if write_behind else set())
+
+    def load():
+        def compute(i, x):
+            computing[i].set()
+            if i == 2:
+                if write_behind:
+                    assert started[1].wait(5) and not finished[1].is_set()   # chunk 1 still being written
+                raise Killed
+            return 2 * x + 1
+        return compute
+    with pytest.raises(Killed):
+        fill(out, source, load, "test", write_behind=write_behind)
+    calls = []
+    fill(array(tmp_path), source, compute_counting(calls), "test", write_behind=write_behind)
+    assert calls == redone
+    out = array(tmp_path)
+    np.testing.assert_array_equal(np.concatenate([out.read_chunk(i) for i in range(4)]), expected())

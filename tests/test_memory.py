@@ -35,7 +35,7 @@ def a_third_of_the_trunk_fits(run, monkeypatch) -> int:
     n_head = load_architecture(s.gguf).hp.n_head
     fixed = preflight.RUNTIME_BYTES + preflight.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
     monkeypatch.setattr(preflight, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
-    monkeypatch.setattr(preflight, "check_head_fits", lambda *args: None)  # the head has its own test
+    monkeypatch.setattr(preflight, "check_heads_fit", lambda *args: None)  # the head has its own test
     return len(per_layer)
 
 
@@ -71,12 +71,31 @@ def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
     from pipeline.gguf_io.reader import GGUFIndex
 
     gguf = GGUFIndex(model_path("gemma3-270m"))  # tied head: token_embd, 262144 x 640 (0.625 GiB);
-    # with the runtime's 0.5 GiB and the 0.25 GiB of a logits block, 1.4 GiB
+    # with the runtime's 0.5 GiB and the 0.31 GiB of a logits block and a widened head slice, 1.4 GiB
     head = 4 * 262144 * 640
-    preflight.check_head_fits(gguf, "cpu", "float32", 4, preflight.RUNTIME_BYTES + head + 2 ** 30)
+    preflight.check_heads_fit([gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + head + 2 ** 30)
     with pytest.raises(UserError, match=r"the LM head \(token_embd.weight\) on cpu needs about 1\.4 GiB "
                                         r"\(0\.6 GiB of float32 weights\) .* --compute-dtype bfloat16 halves it"):
-        preflight.check_head_fits(gguf, "cpu", "float32", 4, head)
+        preflight.check_heads_fit([gguf], "cpu", "float32", 4, head)
+    # a KL comparison's Score task holds both heads: 1.25 GiB of weights, 2.1 GiB in all
+    preflight.check_heads_fit([gguf, gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + 2 * head + 2 ** 30)
+    with pytest.raises(UserError, match=r"the LM heads of the model and its KL base on cpu needs about 2\.1 GiB "
+                                        r"\(1\.2 GiB of float32 weights\)"):
+        preflight.check_heads_fit([gguf, gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + 2 * head)
+
+
+def test_sliding_window_attention_counts_the_math_kernels_scores(model_path):
+    """Gemma-3's sliding layers (span 512) at ctx 1024 may run SDPA's math kernel: three
+    [batch, heads, ctx, ctx] float32 tensors; at ctx 512 no layer is sliding and one is counted."""
+    from pipeline.gguf_io.reader import GGUFIndex
+
+    gguf = GGUFIndex(model_path("gemma3-270m"))
+    n_head = load_architecture(gguf).hp.n_head
+    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, n_head)   # noqa: E731
+    scores_512 = 4 * 4 * n_head * 512 * 512
+    # act(ctx) = c * ctx + k * scores(ctx), scores(1024) = 4 * scores(512): with k = 3 at 1024
+    # and 1 at 512 the difference is 12 - 2 = 10 scores(512) (it would be 2 with k = 1)
+    assert act(1024) - 2 * act(512) == 10 * scores_512
 
 
 def test_window_tasks_hold_flat_memory_below_the_whole_trunk(tmp_path):

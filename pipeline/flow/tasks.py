@@ -22,7 +22,7 @@ from ..run.placement import check_tiling, format_placement, parse_placement, pla
 from ..run.spec import resolve_run
 from ..store import outputs
 from ..store.faults import failpoint
-from ..store.timing import Stopwatch, device_peak_mb, peak_rss_mb, reset_device_peak, reset_peak_rss
+from ..store.timing import Stopwatch, device_peaks_mb, peak_rss_mb, reset_device_peak, reset_peak_rss
 from . import console
 
 log = logging.getLogger("layercycle")
@@ -296,10 +296,12 @@ class PlacedTask(OutputTask):
         tokenize = self.clone(Tokenize)
         return load_plan(tokenize.out_dir() / "tokens.zarr")
 
-    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, finite: bool = True) -> dict:
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, finite: bool = True,
+             write_behind: bool = False) -> dict:
         """Write the chunks of this task's array at `path` that are missing or damaged
         (store/chunk_writer.py), resuming what an interrupted run of this task left; with
-        `finite`, a chunk holding a NaN or inf stops the task instead of being written."""
+        `finite`, a chunk holding a NaN or inf stops the task instead of being written; with
+        `write_behind`, a chunk is written while the next computes."""
         from ..store.chunk_writer import fill, resumable_array
 
         out = resumable_array(path, shape, self.windows_per_chunk, dtype,
@@ -307,7 +309,7 @@ class PlacedTask(OutputTask):
         label = self.label()
         return fill(out, read, load, label, self.clock,
                     progress=lambda *args: console.show_progress(self, label, *args),
-                    check=self.require_finite if finite else None)
+                    check=self.require_finite if finite else None, write_behind=write_behind)
 
     def require_finite(self, i: int, values: np.ndarray) -> None:
         """A NaN or inf is never a result: the pass stops, naming the task and the chunk."""
@@ -388,15 +390,17 @@ class LayerWindow(PlacedTask):
             loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
             return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
 
-        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk, load)
-        peak = device_peak_mb(device)
+        # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk, load,
+                          write_behind=device.startswith("cuda"))
+        peaks = device_peaks_mb(device)
         if loaded:
             loaded[0].release()
             weight_bytes = loaded[0].weight_bytes
         else:  # every chunk was there already: the weights were never loaded
             weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
-        self.commit(device=device, weight_bytes=weight_bytes, device_peak_mb=peak, **stats)
+        self.commit(device=device, weight_bytes=weight_bytes, **peaks, **stats)
 
 
 class Score(PlacedTask):
@@ -435,6 +439,7 @@ class Score(PlacedTask):
         from ..model.scoring import sequence_scores
 
         device = resolve_device(self.device())
+        reset_device_peak(device)
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
         plan, _ = self.plan()
@@ -461,7 +466,7 @@ class Score(PlacedTask):
 
         stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
                           lambda i: [s.read_chunk(i) for s in sources], load, finite=False)  # NaN: not scored
-        self.commit(device=device, fields=list(fields), **stats)
+        self.commit(device=device, fields=list(fields), **device_peaks_mb(device), **stats)
 
     def scored(self) -> list[np.ndarray]:
         """The completed output: per sequence of the shard, [scored tokens, fields]."""
@@ -506,8 +511,9 @@ class PerplexityRun(RunTask):
     shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
                                                        "(each reads every layer's weights once)")
 
-    def placement(self, check_memory: bool = True) -> list:
-        """The layer windows; before a pass (not when reporting one) checked against memory."""
+    def placement(self, check_memory: bool = True, kl_base_head=None) -> list:
+        """The layer windows; before a pass (not when reporting one) checked against memory, with
+        the KL base's head (a GGUFIndex) beside the model's in the Score task."""
         from ..model.arch import load_architecture
         from ..run.preflight import check_memory
 
@@ -518,7 +524,8 @@ class PerplexityRun(RunTask):
         check_tiling(windows, hp.n_layers)
         if check_memory:
             dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
-            check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes)
+            check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes,
+                         heads=[s.gguf] + ([kl_base_head] if kl_base_head is not None else []))
         return windows
 
     def base_model(self) -> str:
@@ -531,9 +538,9 @@ class PerplexityRun(RunTask):
         """The Score task of each shard (one unless --shards)."""
         if self.shards < 1:
             raise UserError(f"--shards must be >= 1, got {self.shards}")
-        params = {"placement": format_placement(self.placement(check_memory))}
-        if self.kl_base:
-            base = self.clone(PerplexityRun, model=self.base_model(), kl_base="")
+        base = self.clone(PerplexityRun, model=self.base_model(), kl_base="") if self.kl_base else None
+        params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf))}
+        if base is not None:
             if base.spec().tokenizer_id != self.spec().tokenizer_id:
                 raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
                                 f"compares distributions over the same vocabulary")

@@ -4,6 +4,8 @@ Each function takes blocks as uint8 of shape (n_blocks, type_size) and returns f
 shape (n_blocks, block_size), with the same float operations in the same order as gguf-py's
 numpy dequantizers, so the results are bit-identical to `gguf.quants.dequantize`.
 """
+import functools
+
 import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, quants
@@ -14,6 +16,13 @@ from ..errors import UserError
 QK_K = 256
 
 
+@functools.cache
+def _const(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant tensor, made once per device: on a GPU making one per piece is a
+    synchronous host-to-device copy each time."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
 def _f16(b: torch.Tensor) -> torch.Tensor:
     # (n, 2) uint8 -> (n, 1) float32
     return b.contiguous().view(torch.float16).to(torch.float32)
@@ -22,13 +31,13 @@ def _f16(b: torch.Tensor) -> torch.Tensor:
 def _nibbles(qs: torch.Tensor, group: int) -> torch.Tensor:
     # (n, k) uint8 -> (n, k/group, 2, group): low nibbles of each group, then high nibbles
     n = qs.shape[0]
-    shifts = torch.tensor([0, 4], dtype=torch.uint8, device=qs.device).view(1, 1, 2, 1)
+    shifts = _const((0, 4), torch.uint8, qs.device).view(1, 1, 2, 1)
     return (qs.reshape(n, -1, 1, group) >> shifts) & 0x0F
 
 
 def _bits(b: torch.Tensor, width: int, count: int) -> torch.Tensor:
     # (n, k) uint8 -> (n, k, count): successive `width`-bit fields of each byte, low first
-    shifts = torch.arange(0, width * count, width, dtype=torch.uint8, device=b.device)
+    shifts = _const(tuple(range(0, width * count, width)), torch.uint8, b.device)
     return (b.unsqueeze(-1) >> shifts) & ((1 << width) - 1)
 
 
@@ -84,7 +93,7 @@ def q2_k(b):
 
 
 def _shifts(like: torch.Tensor, values: list[int]) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.uint8, device=like.device).view(1, 1, -1, 1)
+    return _const(tuple(values), torch.uint8, like.device).view(1, 1, -1, 1)
 
 
 def q3_k(b):
@@ -155,7 +164,13 @@ MXFP4_VALUES = torch.tensor(quants.MXFP4.kvalues, dtype=torch.float32)
 
 
 def _lookup(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    return values.to(index.device)[index.long()]
+    return _placed(values, index.device)[index.long()]
+
+
+@functools.cache
+def _placed(table: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A module-level table (a grid, a value list) copied to `device` once."""
+    return table.to(device)
 
 
 def iq4_nl(b):
@@ -168,7 +183,7 @@ def iq4_xs(b):
     n = b.shape[0]
     d, scales_h, scales_l, qs = b.split([2, 2, QK_K // 64, QK_K // 2], dim=1)
     high = scales_h[:, 0].to(torch.int32) | (scales_h[:, 1].to(torch.int32) << 8)          # little-endian uint16
-    high = (high[:, None] >> torch.arange(0, QK_K // 16, 2, dtype=torch.int32, device=b.device)) & 0x03
+    high = (high[:, None] >> _const(tuple(range(0, QK_K // 16, 2)), torch.int32, b.device)) & 0x03
     low = ((scales_l.unsqueeze(-1) >> _shifts(b, [0, 4]).view(1, 1, 2)) & 0x0F).reshape(n, -1)     # byte by byte
     scales = (low.to(torch.int32) | (high << 4)) - 32                                       # [n, 8] in [-32, 32)
     dl = (_f16(d) * scales.to(torch.float32)).reshape(n, -1, 1)
@@ -200,7 +215,7 @@ def nvfp4(b):
 def tq1_0(b):
     n = b.shape[0]
     qs, qh, d = b.split([(QK_K - 4 * QK_K // 64) // 5, QK_K // 64, 2], dim=1)
-    pow3 = torch.tensor([1, 3, 9, 27, 81], dtype=torch.uint8, device=b.device)
+    pow3 = _const((1, 3, 9, 27, 81), torch.uint8, b.device)
     # each byte holds 5 (4 in qh) base-3 digits as a fixed-point fraction: multiplying by 3^k
     # (modulo 256) brings digit k to the top, (x * 3) >> 8 reads it
     digits = torch.cat([(qs[:, :32].reshape(n, 1, 1, 32) * pow3.view(1, 1, 5, 1)).reshape(n, -1),
@@ -248,12 +263,12 @@ def _byte_nibbles(b: torch.Tensor) -> torch.Tensor:
 
 def _fields(x: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
     # (n, k) integers -> (n, k * len(shifts)): the fields at `shifts` of each value in turn
-    return ((x.unsqueeze(-1) >> torch.tensor(shifts, dtype=x.dtype, device=x.device)) & mask).reshape(x.shape[0], -1)
+    return ((x.unsqueeze(-1) >> _const(tuple(shifts), x.dtype, x.device)) & mask).reshape(x.shape[0], -1)
 
 
 def _signs(bits: torch.Tensor) -> torch.Tensor:
     # (...) uint8 of 8 sign bits -> (..., 8) float32 +1 / -1
-    set_ = (bits.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=bits.device)) & 1
+    set_ = (bits.unsqueeze(-1) >> _const(tuple(range(8)), torch.uint8, bits.device)) & 1
     return 1.0 - 2.0 * set_.to(torch.float32)
 
 
@@ -324,7 +339,7 @@ def iq1_m(b):
     n = b.shape[0]
     qs, qh, scales = b.split([QK_K // 8, QK_K // 16, QK_K // 32], dim=1)
     sc = _u16(scales)                                                   # [n, 4]; the fp16 scale in their top nibbles
-    top = (sc & 0xF000) >> torch.tensor([12, 8, 4, 0], device=b.device)
+    top = (sc & 0xF000) >> _const((12, 8, 4, 0), torch.int64, b.device)
     d = (top[:, 0] | top[:, 1] | top[:, 2] | top[:, 3]).to(torch.int16).view(torch.float16).to(torch.float32)
     dl = (d.view(n, 1) * (2 * _fields(sc, [0, 3, 6, 9], 0x07) + 1).to(torch.float32)).view(n, -1, 2, 1, 1)
     halves = _byte_nibbles(qh)                                          # [n, 32]: 3 index bits + the delta sign
@@ -356,9 +371,11 @@ BLOCK_DEQUANTIZERS = {
 }
 
 
-# values dequantized per step: the intermediates of a step stay in cache instead of making
-# several passes over (and page-faulting) tensors the size of the weight
+# values dequantized per step: on the CPU the intermediates of a step stay in cache instead of
+# making several passes over (and page-faulting) tensors the size of the weight; a GPU takes
+# bigger steps, each an asynchronous copy out of pinned memory
 PIECE_VALUES = 1 << 19
+GPU_PIECE_VALUES = 1 << 22
 
 
 def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", name: str = "",
@@ -371,17 +388,53 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
-    fn, where = BLOCK_DEQUANTIZERS.get(qtype), device
+    fn, where = BLOCK_DEQUANTIZERS.get(qtype), torch.device(device)
     if fn is None:
-        fn, where = _with_gguf_py(qtype, name), "cpu"
+        fn, where = _with_gguf_py(qtype, name), torch.device("cpu")
     blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]
     flat = out.view(blocks.shape[0], block)                              # [n_blocks, block]
-    step = max(PIECE_VALUES // block, 1)
-    for start in range(0, blocks.shape[0], step):
-        # copying out of the read-only file map also makes the bytes contiguous and writable
-        piece = torch.from_numpy(np.array(blocks[start:start + step], copy=True)).to(where)
-        flat[start:start + step] = fn(piece)
+    values = PIECE_VALUES if where.type == "cpu" else GPU_PIECE_VALUES
+    for start, piece in Uploads(where).pieces(blocks, max(values // block, 1)):
+        flat[start:start + piece.shape[0]] = fn(piece)
     return out
+
+
+class Uploads:
+    """The bytes of successive pieces of a tensor, as uint8 tensors on `device`, through
+    staging buffers kept for the process: on the CPU one buffer, refilled for each piece
+    (copying out of the read-only file map also makes the bytes contiguous and writable);
+    on a GPU two pinned ones taking turns, each piece's copy asynchronous, so the host fills
+    one buffer while the other's copy and the dequantization run on the device."""
+    _staging: dict[tuple[str, int], torch.Tensor] = {}
+
+    def __init__(self, device: torch.device):
+        self.device, self.gpu = device, device.type != "cpu"
+
+    def buffer(self, k: int, nbytes: int) -> torch.Tensor:
+        key = (self.device.type, k)
+        buf = self._staging.get(key)
+        if buf is None or buf.numel() < nbytes:
+            buf = self._staging[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.gpu)
+        return buf
+
+    def pieces(self, blocks: np.ndarray, step: int):
+        """(first block, piece [<= step, type_size] uint8 on the device) for blocks [n, type_size];
+        a piece is valid until the next one but one is asked for."""
+        n, width = blocks.shape
+        copied = [None, None]                 # on a GPU: the event after each buffer's last copy
+        for k, start in enumerate(range(0, n, step)):
+            rows, turn = min(step, n - start), k % 2 if self.gpu else 0
+            if copied[turn] is not None:
+                copied[turn].synchronize()    # that copy has left the buffer
+            buf = self.buffer(turn, rows * width)[:rows * width].view(rows, width)
+            buf.numpy()[...] = blocks[start:start + rows]
+            if not self.gpu:
+                yield start, buf
+                continue
+            piece = buf.to(self.device, non_blocking=True)
+            copied[turn] = torch.cuda.Event()
+            copied[turn].record()
+            yield start, piece
 
 
 def _with_gguf_py(qtype: Q, name: str):

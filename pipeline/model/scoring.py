@@ -2,8 +2,8 @@
 
 The head is applied one slice of the vocabulary at a time (a 262k-entry vocabulary never
 materialises all its logits): the log-sum-exp, the argmax and the target's logit of each row
-are accumulated slice by slice. Log-probabilities are float32 (as llama.cpp's); NLLs are summed
-in float64.
+are accumulated slice by slice. Logits and log-probabilities are float32 whatever the compute
+dtype (as llama.cpp's); NLLs are summed in float64.
 """
 import math
 
@@ -12,7 +12,9 @@ import torch
 
 VOCAB_SLICE = 1 << 14        # vocabulary entries whose logits are computed at once
 LOGITS_BUDGET = 1 << 22      # logits per model at once (rows x VOCAB_SLICE; 16 MiB of float32)
-SCRATCH_BYTES = 64 * LOGITS_BUDGET  # bound on their temporaries (a KL comparison's are float64)
+WIDENED_SLICE_BYTES = 1 << 26     # a 16-bit head's slice, copied to float32 for float32 logits
+# bound on their temporaries (a KL comparison's are float64) and the widened slice
+SCRATCH_BYTES = 64 * LOGITS_BUDGET + WIDENED_SLICE_BYTES
 
 
 class StreamingSoftmax:
@@ -38,8 +40,12 @@ class StreamingSoftmax:
         self.sum = self.sum * rescale + weights.sum(-1)
         self.argmax = torch.where(top > self.max, where + start, self.argmax)  # first maximum wins
         self.max = new_max
-        hit = (self.targets >= start) & (self.targets < start + logits.shape[1])
-        self.target[hit] = logits[hit, self.targets[hit] - start]
+        # the target's logit where it falls in this slice: a gather and a select, no boolean
+        # indexing (on a GPU that asks the host how many rows hit, a sync per slice)
+        local = self.targets - start
+        hit = (local >= 0) & (local < logits.shape[1])
+        picked = logits.gather(1, local.clamp(0, logits.shape[1] - 1)[:, None])[:, 0]
+        self.target = torch.where(hit, picked, self.target)
         return rescale, weights
 
     def lse(self) -> torch.Tensor:

@@ -26,11 +26,18 @@ def layer_weight_bytes(gguf: GGUFIndex, i: int, dtype) -> int:
 
 def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
     """A generous bound on one forward batch: a few hidden-sized and FFN-sized float32 tensors
-    per token, attention scores [batch, heads, ctx, ctx] and the boundary chunks in and out."""
+    per token, attention scores [batch, heads, ctx, ctx] and the boundary chunks in and out.
+    Causal attention runs in a fused kernel; a sliding window's boolean mask may send it (with
+    grouped-query heads, on a GPU) to the math kernel, which holds the scores, the masked scores
+    and their softmax at once: three such float32 tensors."""
+    from gguf import Keys
+
     widest = max((t.shape[-2] for n, t in gguf.tensors.items() if n.startswith("blk.0.") and len(t.shape) >= 2),
                  default=0)
     hidden = gguf.tensors["token_embd.weight"].shape[-1]
-    return 4 * batch * ctx * (8 * hidden + 3 * widest) + 4 * batch * n_head * ctx * ctx
+    span = int(gguf.arch_value(Keys.Attention.SLIDING_WINDOW, 0) or 0)
+    score_tensors = 3 if 0 < span < ctx else 1
+    return 4 * batch * ctx * (8 * hidden + 3 * widest) + score_tensors * 4 * batch * n_head * ctx * ctx
 
 
 def available_bytes(device: str) -> int:
@@ -76,8 +83,10 @@ def check_windows_fit(windows, per_layer: list[int], fixed: int, dtype_names: di
 
 
 def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, ctx: int,
-                 dtype_names: dict[str, str]) -> None:
-    """Check every window of a placement against its device's memory before the pass starts."""
+                 dtype_names: dict[str, str], heads: list[GGUFIndex] | None = None) -> None:
+    """Check every window of a placement against its device's memory before the pass starts,
+    and the Score task's `heads` (the model's own by default; with a KL base, both) on the last
+    window's device."""
     import torch
 
     dtypes = {d: getattr(torch, name) for d, name in dtype_names.items()}
@@ -87,20 +96,22 @@ def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: in
         check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names,
                           {device: available_bytes(device)})
     last = windows[-1].device
-    check_head_fits(gguf, last, dtype_names[last], dtypes[last].itemsize, available_bytes(last))
+    check_heads_fit(heads or [gguf], last, dtype_names[last], dtypes[last].itemsize, available_bytes(last))
 
 
-def check_head_fits(gguf: GGUFIndex, device: str, dtype_name: str, element_size: int, available: int) -> None:
-    """The Score task holds the dequantized LM head and a block of logits (rows x a slice of
-    the vocabulary) with their temporaries on the last window's device."""
+def check_heads_fit(ggufs: list[GGUFIndex], device: str, dtype_name: str, element_size: int, available: int) -> None:
+    """The Score task holds the dequantized LM head of each model it scores (two with a KL base)
+    and a block of logits (rows x a slice of the vocabulary) with their temporaries on the last
+    window's device."""
     from ..model.scoring import SCRATCH_BYTES
 
-    name = "output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"
-    weights = element_size * int(np.prod(gguf.tensors[name].shape))
+    names = ["output.weight" if "output.weight" in g.tensors else "token_embd.weight" for g in ggufs]
+    weights = sum(element_size * int(np.prod(g.tensors[n].shape)) for g, n in zip(ggufs, names))
     need = RUNTIME_BYTES + weights + SCRATCH_BYTES
     if need > available:
+        what = f"the LM head ({names[0]})" if len(ggufs) == 1 else "the LM heads of the model and its KL base"
         advice = "; --compute-dtype bfloat16 halves it" if element_size == 4 else ""
-        raise UserError(f"the LM head ({name}) on {device} needs about {need / GiB:.1f} GiB "
+        raise UserError(f"{what} on {device} needs about {need / GiB:.1f} GiB "
                         f"({weights / GiB:.1f} GiB of {dtype_name} weights) but {available / GiB:.1f} GiB "
                         f"are available{advice}")
 

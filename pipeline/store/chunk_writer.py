@@ -31,13 +31,16 @@ def resumable_array(path: Path, shape: tuple[int, ...], per_chunk: int, dtype: s
 
 
 def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = None, progress=None,
-         check=None) -> dict:
+         check=None, write_behind: bool = False) -> dict:
     """Write every chunk of `out` that is missing or damaged: chunk i is `compute(i, read(i))`,
     with `compute = load()` called once, and only if a chunk is to be computed. A background
     thread reads one chunk ahead (the first while `load` runs). `check(i, data)` sees each
     chunk before it is written and raises to stop the task without writing it. Each chunk
     computed is journalled beside the array (`journal.log`); `progress(done, total, computed,
-    tokens, started)` is called after each. Returns the counts for the task's manifest."""
+    tokens, started)` is called after each. With `write_behind` a chunk is compressed and
+    written by another thread while the next one computes, one write in flight at most (a kill
+    loses at most two chunks: the one computing and the one being written; else one). Returns
+    the counts for the task's manifest."""
     clock = clock or Stopwatch()
     journal = out.path.parent / "journal.log"
     todo = [i for i in range(out.n_chunks) if not out.verified(i)]
@@ -45,8 +48,22 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
     for i in corrupted:
         log.warning(f"{label}: chunk {i} failed its checksum; recomputing it")
     started, done_tokens = time.time(), 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead") as reader:
-        ahead = [reader.submit(read, i) for i in todo[:1]]
+
+    def store(k: int, i: int, data) -> None:
+        nonlocal done_tokens
+        failpoint("mid-chunk-write", label,
+                  partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
+        with clock("write"):
+            out.write_chunk(i, data)
+        append_line(journal, f"wrote {i}")
+        failpoint("chunk-written", label)
+        done_tokens += data.shape[0] * out.array.shape[1]
+        if progress is not None:
+            progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
+
+    with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead") as reader,
+          ThreadPoolExecutor(max_workers=1, thread_name_prefix="write-behind") as writer):
+        ahead, writing = [reader.submit(read, i) for i in todo[:1]], None
         if todo:
             with clock("load"):
                 compute = load()
@@ -61,14 +78,14 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
                 with clock("check"):
                     check(i, data)
             failpoint("chunk-computed", label)
-            failpoint("mid-chunk-write", label,
-                      partial_file=out.chunk_file(i).with_name(out.chunk_file(i).name + ".0badc0de.partial"))
-            with clock("write"):
-                out.write_chunk(i, data)
-            append_line(journal, f"wrote {i}")
-            failpoint("chunk-written", label)
-            done_tokens += data.shape[0] * out.array.shape[1]
-            if progress is not None:
-                progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
+            if writing is not None:
+                with clock("write-wait"):  # what the write-behind did not hide
+                    writing.result()
+            if write_behind:
+                writing = writer.submit(store, k, i, data)
+            else:
+                store(k, i, data)
+        if writing is not None:
+            writing.result()
     return {"chunks": out.n_chunks, "chunks_found": out.n_chunks - len(todo), "chunks_computed": len(todo),
             "chunks_corrupted": len(corrupted), "bytes_written": folder_bytes(out.path)}

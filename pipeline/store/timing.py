@@ -57,13 +57,16 @@ def reset_device_peak(device: str) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def device_peak_mb(device: str) -> float | None:
-    """Peak memory torch allocated on a CUDA device since the last reset (None on the CPU)."""
+def device_peaks_mb(device: str) -> dict:
+    """Peak memory on a CUDA device since the last reset, for a task's manifest: what torch's
+    tensors took (`device_peak_mb`) and what its caching allocator reserved
+    (`device_reserved_mb`, what runs out first); None on the CPU."""
     if not device.startswith("cuda"):
-        return None
+        return {"device_peak_mb": None, "device_reserved_mb": None}
     import torch
 
-    return torch.cuda.max_memory_allocated(device) / 2**20
+    return {"device_peak_mb": torch.cuda.max_memory_allocated(device) / 2**20,
+            "device_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
 
 
 def folder_bytes(path) -> int:

@@ -21,6 +21,7 @@ from torch import nn
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
+from ..scoring import WIDENED_SLICE_BYTES
 from ..weight_block import WeightBlock, held_dtype
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_computed
 from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
@@ -338,15 +339,20 @@ class Head(Weights):
         self.eps, self.finish = eps, finish
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits(rms_norm(x, self.norm, self.eps), self.weight)
+        return self.logits(rms_norm(x.float(), self.norm, self.eps), self.weight)
 
     def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        z = F.linear(normed, weight).float()
+        # float32 logits, accumulated in float32 from 16-bit weights too (logits rounded to
+        # bfloat16 before the log-sum-exp lie on a 0.125 grid at 16)
+        z = F.linear(normed, weight.to(normed.dtype))
         return z if self.finish is None else self.finish(z)
 
     def logit_slices(self, x: torch.Tensor, width: int):
         """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
-        so that all N x vocab logits never exist at once."""
-        normed = rms_norm(x, self.norm, self.eps)
+        so that all N x vocab logits never exist at once. With 16-bit weights a slice's float32
+        copy is at most WIDENED_SLICE_BYTES, which narrows the slices of a wide model."""
+        normed = rms_norm(x.float(), self.norm, self.eps)                   # [N, hidden] float32
+        if self.weight.dtype.itemsize < 4:
+            width = min(width, max(1, WIDENED_SLICE_BYTES // (4 * self.weight.shape[1])))
         for start in range(0, self.weight.shape[0], width):
             yield start, self.logits(normed, self.weight[start:start + width])
