@@ -1,4 +1,5 @@
 """The benchmark's parsing and bookkeeping (the benchmark itself runs outside CI)."""
+import numpy as np
 import pytest
 
 from pipeline.errors import UserError
@@ -27,17 +28,49 @@ def test_time_split_separates_io_and_scoring():
     assert _split(manifests) == pytest.approx({"load": 1.0, "compute": 4.5, "io": 1.0, "scoring": 2.7})
 
 
-def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path):
+SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/synthetic.py)
+    "llama": dict(layers=3, hidden=256, ffn=512, heads=4, kv_heads=2),
+    "qwen3moe": dict(family="qwen3moe", layers=3, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
+                     experts=16, experts_used=4, expert_ffn=128),
+    "nemotron_h_moe": dict(family="nemotron_h_moe", layers=6, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
+                           quant="Q4_K", experts=16, experts_used=4, expert_ffn=384, shared_ffn=256,
+                           pattern="ME*EM-", ssm_heads=8, ssm_head_dim=32, ssm_state=32, ssm_groups=2),
+}
+
+
+@pytest.mark.parametrize("family", SYNTHETIC)
+def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path, family):
+    """Each synthetic family is read by layercycle as its family and gives finite figures; its
+    weights, dequantized by gguf-py, have mean 0 and std 1/sqrt(fan-in) (the head gain x that),
+    so predictions are far from uniform: the mean NLL is about log(vocab) + gain^2 / 2."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    from pipeline.gguf_io.reader import GGUFIndex
     from pipeline.tools.synthetic import Shape, write_synthetic_gguf
 
     from .helpers import run_pipeline
 
-    path = write_synthetic_gguf(tmp_path / "synthetic.gguf", Shape(layers=3, hidden=256, ffn=512, heads=4, kv_heads=2),
-                                model_path("smollm2-135m"))
+    shape = Shape(**SYNTHETIC[family])
+    path = write_synthetic_gguf(tmp_path / "synthetic.gguf", shape, model_path("smollm2-135m"))
     assert not (tmp_path / "synthetic.gguf.partial").exists()
+    gguf = GGUFIndex(path)
+    assert gguf.architecture == family
+    kinds = set()
+    for name in ("blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_q.weight", "output.weight"):
+        info = gguf.tensors.get(name)
+        if info is None:
+            continue
+        values = quants.dequantize(gguf.raw(name), info.qtype)
+        kinds.add(info.qtype)
+        gain = shape.head_gain if name == "output.weight" else 1.0
+        assert abs(values.mean()) < 0.05 * gain / np.sqrt(info.shape[-1])
+        assert values.std() == pytest.approx(gain / np.sqrt(info.shape[-1]), rel=0.02)
+    assert kinds <= {Q.Q4_0, Q.Q4_K} and (shape.quant == "Q4_0" or Q.Q4_K in kinds)
     r = run_pipeline(tmp_path / "run", model=str(path), ctx=64, chunks=2, window_layers=2)
-    assert r["model"]["n_layers"] == 3 and r["largest_window"]["first"] == 0
-    assert 1.0 < r["ppl"] < float("inf")
+    assert r["model"]["n_layers"] == shape.layers and r["largest_window"]["first"] == 0
+    uniform = np.log(gguf.metadata["tokenizer.ggml.tokens"].count)
+    assert uniform + 1 < r["mean_nll"] < uniform + shape.head_gain ** 2
 
 
 def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
@@ -52,22 +85,31 @@ def test_gpu_check_without_cuda_says_so_in_one_line(capsys):
     assert err == ["layercycle gpu_check: no CUDA device: this check needs a GPU machine"]
 
 
-def test_gpu_check_flow_on_the_cpu(capsys, model_path):
-    """The check's passes, table and comparisons, with the CPU standing in for the GPU."""
-    from pipeline.tools import gpu_check
+def test_gpu_check_flow_on_the_cpu(capsys, model_path, tmp_path, monkeypatch):
+    """The check's passes, table and comparisons, with the CPU standing in for the GPU: a
+    registered model, a synthetic MoE one and the KL pass between them."""
+    from pipeline.tools import gpu_check, synthetic
 
     from .helpers import HEAD40K
 
     model_path("smollm2-135m")
-    cfg = {"corpus": str(HEAD40K), "ctx": 128, "chunks": 2, "device": "cpu", "window_layers": 8,
-           "compute_dtype": "bfloat16", "mean_nll_rel_tol": 0.003}
-    assert gpu_check.check_model("smollm2-135m", cfg)
+    monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)     # the synthetic model is written here
+    cfg = {"corpus": str(HEAD40K), "chunks": 2, "device": "cpu", "window_layers": 2,
+           "compute_dtype": "bfloat16", "mean_nll_rel_tol": 0.003, "kl": ["smollm2-135m", "moe"],
+           "models": {"smollm2-135m": {"ctx": 128}, "moe": {"ctx": 128}},
+           "synthetic": {"moe": {**SYNTHETIC["qwen3moe"], "tokenizer_from": "smollm2-135m"}}}
+    assert gpu_check.check_all(cfg)
+    assert (tmp_path / "moe.gguf").is_file() and synthetic.Shape
     out = capsys.readouterr().out.splitlines()
     rows = [line.split(" | ") for line in out if line.startswith("| cpu ")]
-    assert [r[0] for r in rows] == ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled"]
+    assert [r[0] for r in rows] == ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled",
+                                    "| cpu bfloat16 split"] * 2
+    assert rows[3][1] == "cpu [0..7) [7..9) [9..11) [11..13) [13..15) [15..17) [17..19) [19..21) [21..22) [22..30)"
     assert all(r[-1] == "- |" for r in rows)  # no CUDA peak on the CPU
-    assert [line.split(":")[0] for line in out[-2:]] == ["cycled vs whole (GPU)", "GPU vs CPU"]
-    assert all("% (ok, limit 0.3%)" in line for line in out[-2:])
+    verdicts = [line for line in out if line.endswith(("(ok)", "(FAIL)"))]
+    assert [v.split(":")[0] for v in verdicts] == ["cycled vs whole (GPU)", "GPU vs CPU", "split vs CPU"] * 2 + \
+        ["KL pass vs own passes"]
+    assert all(v.endswith("(ok)") for v in verdicts)
 
 
 def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):

@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
-from ..gguf_io.registry import resolve_model
-from ..paths import CONFIGS, MODELS_CACHE, REPO_ROOT
+from ..paths import CONFIGS, REPO_ROOT
 from .llamacpp import llama_perplexity, parse_final_estimate
 
 
@@ -40,6 +39,7 @@ class Row:
     boundary_mb: float = 0.0
     split: dict = field(default_factory=dict)
     refused: str = ""           # the one-line reason when layercycle refused the run
+    device: str = "cpu"         # where it ran (llama-perplexity is built for the CPU; layercycle: its windows' devices)
 
 
 def load_config(path: Path) -> dict:
@@ -86,7 +86,7 @@ def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
         cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
                "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
                "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
-               "--compute-dtype", cfg["compute_dtype"], "--run-root", str(root),
+               "--compute-dtype", cfg["compute_dtype"], "--device", cfg.get("device", "auto"), "--run-root", str(root),
                "--result-json", str(root / "result.json")]
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
@@ -97,9 +97,10 @@ def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
                 raise UserError(f"layercycle failed on {alias}: {reason}")
             return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1])
         manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
-        ppl = json.loads((root / "result.json").read_text())["ppl"]
+        result = json.loads((root / "result.json").read_text())
     windows = [m for m in manifests if m["task"] == "LayerWindow"]
-    return Row(name, window, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl,
+    return Row(name, window, wall, cfg["chunks"] * cfg["ctx"] / wall, result["ppl"],
+               device="+".join(sorted({w["device"] for w in result["placement"]})),
                window_rss_mb=max(m["peak_rss_mb"] for m in windows),
                peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
                boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=_split(manifests))
@@ -122,16 +123,16 @@ def _split(manifests: list[dict]) -> dict:
 def print_table(alias: str, rows: list[Row]) -> None:
     base = rows[0].tokens_per_s if rows[0].window is None else None
     print(f"\n## {alias}\n")
-    print("| run | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB | boundary MB "
-          "| load s | compute s | I/O s | scoring s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | ran on | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB "
+          "| boundary MB | load s | compute s | I/O s | scoring s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.refused:
-            print(f"| {r.name} | refused: {r.refused} |" + " |" * 10)
+            print(f"| {r.name} | - | refused: {r.refused} |" + " |" * 10)
             continue
         sp = r.split
         ratio = f"{r.tokens_per_s / base:.2f}" if base else "-"
-        cells = [r.name, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", ratio, f"{r.ppl:.4f}",
+        cells = [r.name, r.device, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", ratio, f"{r.ppl:.4f}",
                  *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb)),
                  f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
                  *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "compute", "io", "scoring"))]
@@ -193,20 +194,9 @@ def main(argv=None) -> int:
 
 
 def model_path(alias: str, cfg: dict) -> Path:
-    """A registered model, or a synthetic one from the config's [synthetic.ALIAS] table (written
-    into data/models/ on first use)."""
-    shape = cfg.get("synthetic", {}).get(alias)
-    if shape is None:
-        return resolve_model(alias)
-    from .synthetic import Shape, write_synthetic_gguf
+    from .synthetic import synthetic_or_registered
 
-    path = MODELS_CACHE / f"{alias}.gguf"
-    if not path.is_file():
-        shape = dict(shape)
-        tokenizer = resolve_model(shape.pop("tokenizer_from"))
-        print(f"writing {path} ...", file=sys.stderr)
-        write_synthetic_gguf(path, Shape(**shape), tokenizer)
-    return path
+    return synthetic_or_registered(alias, cfg.get("synthetic", {}))
 
 
 def _n_layers(model: Path) -> int:

@@ -2,11 +2,20 @@
 
     python -m pipeline.gpu_check [--config configs/gpu_check.toml]
 
-For each model: a float32 CPU pass, then on the GPU (`device` of the settings) a whole-trunk
-pass and a cycled one in the configured compute dtype. Prints mean NLL, PPL, tokens/s, the
-peak CUDA memory of each window task (torch.cuda.max_memory_allocated), and checks cycled
-against whole and GPU against CPU (mean NLL within the configured tolerance). Exits 1 when a
-check fails.
+For each model of the settings (registered ones, and small synthetic mixture-of-experts and
+hybrid ones written into data/models/ on first use, so the GPU host needs neither a converter
+nor any network beyond the registered models): a float32 CPU pass, then in the configured
+compute dtype on the GPU a whole-trunk pass, a cycled one and a split one (`--gpu-layers` from
+`--first-layer`, the other layers on the CPU). Then a `--kl-base` pass of two models that share
+a tokenizer. Prints mean NLL, PPL, tokens/s and each window's peak CUDA memory (allocated /
+reserved), and checks:
+
+- cycled == whole on the GPU, every sequence's NLL bit for bit (a boundary holds the compute
+  dtype's values exactly in float32);
+- GPU and split vs CPU: mean NLL within the configured tolerance;
+- the KL pass's two perplexities equal the two models' own passes exactly.
+
+Exits 1 when a check fails.
 """
 import argparse
 import json
@@ -19,44 +28,87 @@ import luigi
 
 from ..errors import UserError
 from ..paths import CONFIGS, REPO_ROOT
+from .synthetic import synthetic_or_registered
 
 
-def run(alias: str, cfg: dict, root: Path, **params) -> tuple[dict, list[dict]]:
+def run(model: Path, cfg: dict, ctx: int, root: Path, **params) -> tuple[dict, list[dict]]:
+    """One pass: its result and the manifests of its window tasks, in layer order."""
     from ..flow.tasks import PerplexityRun
 
     result = root / "result.json"
-    task = PerplexityRun(model=alias, task="wikitext-2", corpus=cfg["corpus"], ctx=cfg["ctx"], chunks=cfg["chunks"],
+    params = {"device": cfg["device"], "compute_dtype": cfg["compute_dtype"], **params}
+    task = PerplexityRun(model=str(model), task="wikitext-2", corpus=cfg["corpus"], ctx=ctx, chunks=cfg["chunks"],
                          run_root=str(root), result_json=str(result), **params)
     if not luigi.build([task], local_scheduler=True, log_level="WARNING"):
-        raise UserError(f"the pass {params} on {alias} failed")
+        raise UserError(f"the pass {params} on {model.name} failed")
     manifests = [json.loads(p.read_text()) for p in root.glob("LayerWindow/*/manifest.json")]
     return json.loads(result.read_text()), sorted(manifests, key=lambda m: m["identity"]["layers"])
 
 
-def check_model(alias: str, cfg: dict) -> bool:
-    rows, ok = [], True
+def peaks(windows: list[dict]) -> str:
+    """'allocated/reserved' MB of each window task on CUDA, '-' where none ran there."""
+    cells = [f"{m['device_peak_mb']:.0f}/{m.get('device_reserved_mb') or 0:.0f}"
+             for m in windows if m.get("device_peak_mb") is not None]
+    return " ".join(cells) or "-"
+
+
+def check(label: str, passed: bool, detail: str) -> bool:
+    print(f"{label}: {detail} ({'ok' if passed else 'FAIL'})")
+    return passed
+
+
+def close(label: str, a: dict, b: dict, tol: float) -> bool:
+    rel = abs(a["mean_nll"] - b["mean_nll"]) / b["mean_nll"]
+    return check(label, rel <= tol, f"mean NLL differs by {100 * rel:.3f}%, limit {100 * tol:.1f}%")
+
+
+def check_model(alias: str, cfg: dict) -> tuple[bool, dict]:
+    """The model's passes and checks; returns whether they hold and its GPU whole-trunk result."""
+    from ..gguf_io.reader import open_gguf
+    from ..model.arch import load_architecture
+
+    model = synthetic_or_registered(alias, cfg.get("synthetic", {}))
+    ctx = cfg["models"][alias].get("ctx", 512)
+    n_layers = load_architecture(open_gguf(str(model))).hp.n_layers
+    dev, dtype = cfg["device"], cfg["compute_dtype"]
     with tempfile.TemporaryDirectory(prefix="layercycle-gpu-check-") as tmp:
-        cpu, _ = run(alias, cfg, Path(tmp) / "cpu", device="cpu", window_layers=0, compute_dtype="float32")
-        gpu = {}
-        for name, window in (("whole", 0), ("cycled", cfg["window_layers"])):
-            gpu[name] = run(alias, cfg, Path(tmp) / name, device=cfg["device"], window_layers=window,
-                            compute_dtype=cfg["compute_dtype"])
-        rows.append(("cpu float32 whole", cpu, []))
-        rows += [(f"{cfg['device']} {cfg['compute_dtype']} {name}", *gpu[name]) for name in ("whole", "cycled")]
-    print(f"\n## {alias}\n")
-    print("| run | mean NLL | PPL | tokens/s | peak CUDA MB per window |")
-    print("|---|---|---|---|---|")
-    for name, r, windows in rows:
-        peaks = " ".join(f"{m['device_peak_mb']:.0f}" for m in windows if m["device_peak_mb"] is not None) or "-"
-        print(f"| {name} | {r['mean_nll']:.6f} | {r['ppl']:.4f} | {r['tokens_per_s']:.1f} | {peaks} |")
-    tol = cfg["mean_nll_rel_tol"]
-    for label, a, b in (("cycled vs whole (GPU)", gpu["cycled"][0], gpu["whole"][0]),
-                        ("GPU vs CPU", gpu["whole"][0], cpu)):
-        rel = abs(a["mean_nll"] - b["mean_nll"]) / b["mean_nll"]
-        passed = rel <= tol
-        ok &= passed
-        print(f"{label}: mean NLL differs by {100 * rel:.3f}% ({'ok' if passed else 'FAIL'}, limit {100 * tol:.1f}%)")
-    return ok
+        root = Path(tmp)
+        passes = {
+            "cpu float32 whole": run(model, cfg, ctx, root / "cpu", device="cpu", window_layers=0,
+                                     compute_dtype="float32"),
+            f"{dev} {dtype} whole": run(model, cfg, ctx, root / "whole", window_layers=0),
+            f"{dev} {dtype} cycled": run(model, cfg, ctx, root / "cycled", window_layers=cfg["window_layers"]),
+            f"{dev} {dtype} split": run(model, cfg, ctx, root / "split", window_layers=cfg["window_layers"],
+                                        gpu_layers=n_layers // 2, first_layer=n_layers // 4),
+        }
+    print(f"\n## {alias} (ctx {ctx})\n")
+    print("| run | placement | mean NLL | PPL | tokens/s | peak CUDA MB per window (allocated/reserved) |")
+    print("|---|---|---|---|---|---|")
+    for name, (r, windows) in passes.items():
+        print(f"| {name} | {r['placement_text']} | {r['mean_nll']:.6f} | {r['ppl']:.4f} | {r['tokens_per_s']:.1f} "
+              f"| {peaks(windows)} |")
+    cpu, whole, cycled, split = (r for r, _ in passes.values())
+    same = [w["mean_nll"] for w in cycled["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
+    ok = check("cycled vs whole (GPU)", same, "every sequence's NLL identical" if same else "sequences differ")
+    ok &= close("GPU vs CPU", whole, cpu, cfg["mean_nll_rel_tol"])
+    ok &= close("split vs CPU", split, cpu, cfg["mean_nll_rel_tol"])
+    return ok, whole
+
+
+def check_kl(cfg: dict, own: dict[str, dict]) -> bool:
+    """A --kl-base pass on the GPU: both models' heads in one Score task; each side's PPL must
+    be its own pass's, exactly (kld.py: each softmax is the one a run of its own computes)."""
+    alias, base = cfg["kl"]
+    models = {a: synthetic_or_registered(a, cfg.get("synthetic", {})) for a in (alias, base)}
+    ctx = cfg["models"][alias].get("ctx", 512)
+    with tempfile.TemporaryDirectory(prefix="layercycle-gpu-check-") as tmp:
+        r, _ = run(models[alias], cfg, ctx, Path(tmp), window_layers=0, kl_base=str(models[base]))
+    kld = r["kld"]
+    print(f"\n## {alias} against the KL base {base}\n")
+    print(f"mean KLD {kld['mean']:.6f}, same top {100 * kld['same_top']:.2f}%, PPL {kld['ppl']:.4f}, "
+          f"base PPL {kld['ppl_base']:.4f}")
+    return check("KL pass vs own passes", kld["ppl"] == own[alias]["ppl"] and kld["ppl_base"] == own[base]["ppl"],
+                 f"PPL {kld['ppl']!r} / {own[alias]['ppl']!r}, base {kld['ppl_base']!r} / {own[base]['ppl']!r}")
 
 
 def main(argv=None) -> int:
@@ -73,10 +125,18 @@ def main(argv=None) -> int:
             raise UserError("no CUDA device: this check needs a GPU machine")
         cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
         print(f"device: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}")
-        ok = all([check_model(alias, cfg) for alias in cfg["models"]])
+        ok = check_all(cfg)
     except UserError as e:
         print(f"layercycle gpu_check: {e}", file=sys.stderr)
         return 1
     return 0 if ok else 1
 
 
+def check_all(cfg: dict) -> bool:
+    ok, own = True, {}
+    for alias in cfg["models"]:
+        passed, own[alias] = check_model(alias, cfg)
+        ok &= passed
+    if cfg.get("kl"):
+        ok &= check_kl(cfg, own)
+    return ok

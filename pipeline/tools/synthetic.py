@@ -1,7 +1,16 @@
-"""A random-weight llama GGUF of any shape (7B-class by default), written with gguf-py, for
-benchmarks that need a model bigger than the machine's memory. The tokenizer is copied from a
-real GGUF so the pass reads ordinary text; weights are random Q4_0 blocks whose scale keeps the
-hidden state bounded, streamed to disk a tensor at a time."""
+"""Random-weight GGUFs of any shape, written with gguf-py, for benchmarks and checks that need a
+model bigger than the machine's memory (a 7B llama, a Qwen3-30B-A3B- or Nemotron-H-30B-A3B-shaped
+mixture of experts) or one of a family's risky paths on a host with no converter at hand.
+
+Families: `llama` (dense), `qwen3moe` (QK-norm attention, softmax-routed SwiGLU experts) and
+`nemotron_h_moe` (a layer pattern of Mamba2 mixers `M`, attention `*` without position encoding,
+sigmoid-routed squared-ReLU experts `E` with a selection bias and a shared expert, dense MLPs `-`).
+The tokenizer is copied from a real GGUF so a pass reads ordinary text. Quantized weights are
+random blocks made from random bytes and fixed scales (nothing is quantized from float data,
+so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
+1/sqrt(fan-in), which keeps the hidden state bounded; the LM head is `head_gain` times that, so
+predictions are far from uniform. Tensors are streamed to disk one at a time.
+"""
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,43 +18,165 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUFWriter, Keys
 from gguf import GGMLQuantizationType as Q
 
+from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex
 
 
 @dataclass(frozen=True)
 class Shape:
+    family: str = "llama"      # llama, qwen3moe, nemotron_h_moe
     layers: int = 32
     hidden: int = 4096
-    ffn: int = 11008
+    ffn: int = 11008           # dense feed-forward width (llama; nemotron_h_moe's `-` layers)
     heads: int = 32
     kv_heads: int = 32
+    head_dim: int = 0          # 0: hidden / heads
     context: int = 4096
+    quant: str = "Q4_0"        # Q4_0 or Q4_K for the matrices
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0        # nemotron_h_moe's shared expert
+    pattern: str = ""          # nemotron_h_moe: one of M, E, *, - per layer
+    ssm_heads: int = 0         # nemotron_h_moe's Mamba2 mixers
+    ssm_head_dim: int = 64
+    ssm_state: int = 128
+    ssm_groups: int = 8
+    conv_kernel: int = 4
+    head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
+
+    @property
+    def key_dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def kind(self, i: int) -> str:
+        """Layer i's op: `M`, `E`, `*` or `-`; in llama and qwen3moe every layer is attention
+        and a feed-forward block (`A`)."""
+        if self.family == "nemotron_h_moe":
+            return self.pattern[i]
+        return "A"
 
 
-def _q4_0(rng: np.random.Generator, rows: int, cols: int, fan_in: int) -> np.ndarray:
-    """Random Q4_0 blocks: nibbles uniform in [0, 16), so weights ~ d * (q - 8) with std ~ 1/sqrt(fan_in)."""
-    block, size = GGML_QUANT_SIZES[Q.Q4_0]
-    raw = rng.integers(0, 256, (rows, cols // block * size), dtype=np.uint8)
-    d = np.float16(1.0 / (4.6 * np.sqrt(fan_in)))
-    raw.reshape(-1, size)[:, :2] = np.frombuffer(d.tobytes(), dtype=np.uint8)
+FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe")
+
+
+def _check(shape: Shape) -> None:
+    if shape.family not in FAMILIES:
+        raise UserError(f"synthetic family {shape.family!r} is not one of {', '.join(FAMILIES)}")
+    if shape.quant not in ("Q4_0", "Q4_K"):
+        raise UserError(f"synthetic quant {shape.quant!r}: Q4_0 or Q4_K")
+    if shape.family == "nemotron_h_moe" and (len(shape.pattern) != shape.layers or set(shape.pattern) - set("ME*-")):
+        raise UserError(f"synthetic nemotron_h_moe: pattern {shape.pattern!r} needs one of M, E, *, - per layer")
+
+
+def _blocks(rng: np.random.Generator, qtype: Q, n_values: int, fan_in: int, gain: float) -> np.ndarray:
+    """Random blocks of `qtype` for n_values values of mean 0, std gain/sqrt(fan_in): uint8 [n_blocks, type_size]."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    raw = np.frombuffer(rng.bytes(n_values // block * size), dtype=np.uint8).reshape(-1, size).copy()
+    step = gain / (np.sqrt((16 ** 2 - 1) / 12) * np.sqrt(fan_in))      # a uniform nibble's std is 4.61
+    if qtype == Q.Q4_0:       # d * (q - 8), of mean -d/2: d's sign drawn per block makes it 0
+        d = np.where(rng.random(raw.shape[0]) < 0.5, -step, step).astype(np.float16)
+        raw[:, :2] = d.view(np.uint8).reshape(-1, 2)
+    else:                     # Q4_K: d * scale * q - dmin * min, every scale and min 1, dmin = 7.5 d
+        header = np.float16([step, 7.5 * step]).tobytes() + bytes([1] * 8 + [0x11] * 4)
+        raw[:, :16] = np.frombuffer(header, dtype=np.uint8)
     return raw
 
 
-def _tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...], Q]]:
-    h, f, kv = shape.hidden, shape.ffn, shape.hidden // shape.heads * shape.kv_heads
-    out = [("token_embd.weight", (vocab, h), Q.Q4_0), ("output_norm.weight", (h,), Q.F32),
-           ("output.weight", (vocab, h), Q.Q4_0)]
-    for i in range(shape.layers):
-        out += [(f"blk.{i}.attn_norm.weight", (h,), Q.F32), (f"blk.{i}.ffn_norm.weight", (h,), Q.F32),
-                (f"blk.{i}.attn_q.weight", (h, h), Q.Q4_0), (f"blk.{i}.attn_k.weight", (kv, h), Q.Q4_0),
-                (f"blk.{i}.attn_v.weight", (kv, h), Q.Q4_0), (f"blk.{i}.attn_output.weight", (h, h), Q.Q4_0),
-                (f"blk.{i}.ffn_gate.weight", (f, h), Q.Q4_0), (f"blk.{i}.ffn_up.weight", (f, h), Q.Q4_0),
-                (f"blk.{i}.ffn_down.weight", (h, f), Q.Q4_0)]
-    return out
+class _Tensors:
+    """The file's tensors in order: (name, dims as torch lists them, GGML type, how to make its data)."""
+
+    def __init__(self, shape: Shape, vocab: int):
+        self.s, self.vocab, self.list = shape, vocab, []
+
+    def matrix(self, name: str, *dims: int, gain: float = 1.0) -> None:
+        # rows that are no multiple of a K-quant's 256 values fall back on Q4_0, as llama.cpp's quantizer does
+        qtype = Q[self.s.quant] if dims[-1] % GGML_QUANT_SIZES[Q[self.s.quant]][0] == 0 else Q.Q4_0
+        self.list.append((name, dims, qtype, ("random", dims[-1], gain)))
+
+    def vector(self, name: str, *dims: int, fill=("ones",)) -> None:
+        self.list.append((name, dims, Q.F32, fill))
+
+    def build(self) -> list:
+        s, h = self.s, self.s.hidden
+        self.matrix("token_embd.weight", self.vocab, h, gain=np.sqrt(h))   # embeddings of std 1
+        self.vector("output_norm.weight", h)
+        self.matrix("output.weight", self.vocab, h, gain=s.head_gain)
+        for i in range(s.layers):
+            p, kind = f"blk.{i}.", s.kind(i)
+            self.vector(p + "attn_norm.weight", h)
+            if kind in "A*":
+                self.attention(p)
+            if kind == "A":
+                self.vector(p + "ffn_norm.weight", h)
+                self.experts(p) if s.family == "qwen3moe" else self.mlp(p, gate=True)
+            elif kind == "E":
+                self.experts(p)
+            elif kind == "-":
+                self.mlp(p, gate=False)
+            elif kind == "M":
+                self.mamba2(p)
+        return self.list
+
+    def attention(self, p: str) -> None:
+        s, h = self.s, self.s.hidden
+        self.matrix(p + "attn_q.weight", s.heads * s.key_dim, h)
+        self.matrix(p + "attn_k.weight", s.kv_heads * s.key_dim, h)
+        self.matrix(p + "attn_v.weight", s.kv_heads * s.key_dim, h)
+        self.matrix(p + "attn_output.weight", h, s.heads * s.key_dim)
+        if s.family == "qwen3moe":
+            self.vector(p + "attn_q_norm.weight", s.key_dim)
+            self.vector(p + "attn_k_norm.weight", s.key_dim)
+
+    def mlp(self, p: str, gate: bool) -> None:
+        h, f = self.s.hidden, self.s.ffn
+        if gate:
+            self.matrix(p + "ffn_gate.weight", f, h)
+        self.matrix(p + "ffn_up.weight", f, h)
+        self.matrix(p + "ffn_down.weight", h, f)
+
+    def experts(self, p: str) -> None:
+        s, h, e, f = self.s, self.s.hidden, self.s.experts, self.s.expert_ffn
+        self.vector(p + "ffn_gate_inp.weight", e, h, fill=("normal", 1 / np.sqrt(h)))
+        if s.family == "qwen3moe":
+            self.matrix(p + "ffn_gate_exps.weight", e, f, h)
+        self.matrix(p + "ffn_up_exps.weight", e, f, h)
+        self.matrix(p + "ffn_down_exps.weight", e, h, f)
+        if s.family == "nemotron_h_moe":
+            self.vector(p + "exp_probs_b.bias", e, fill=("normal", 0.01))
+            self.matrix(p + "ffn_up_shexp.weight", s.shared_ffn, h)
+            self.matrix(p + "ffn_down_shexp.weight", h, s.shared_ffn)
+
+    def mamba2(self, p: str) -> None:
+        s, h = self.s, self.s.hidden
+        inner, bc = s.ssm_heads * s.ssm_head_dim, 2 * s.ssm_groups * s.ssm_state
+        self.matrix(p + "ssm_in.weight", 2 * inner + bc + s.ssm_heads, h)
+        self.vector(p + "ssm_conv1d.weight", inner + bc, s.conv_kernel, fill=("normal", 1 / np.sqrt(s.conv_kernel)))
+        self.vector(p + "ssm_conv1d.bias", inner + bc, fill=("zeros",))
+        self.vector(p + "ssm_dt.bias", s.ssm_heads, fill=("dt_bias",))
+        self.vector(p + "ssm_a", s.ssm_heads, 1, fill=("ssm_a",))
+        self.vector(p + "ssm_d", s.ssm_heads, 1)
+        self.vector(p + "ssm_norm.weight", s.ssm_groups, inner // s.ssm_groups)
+        self.matrix(p + "ssm_out.weight", h, inner)
+
+
+def _float_data(rng: np.random.Generator, dims: tuple[int, ...], fill: tuple) -> np.ndarray:
+    kind = fill[0]
+    if kind == "ones":
+        return np.ones(dims, dtype=np.float32)
+    if kind == "zeros":
+        return np.zeros(dims, dtype=np.float32)
+    if kind == "normal":
+        return (rng.standard_normal(dims) * fill[1]).astype(np.float32)
+    if kind == "dt_bias":     # softplus^-1 of time steps log-uniform in [0.001, 0.1], as Mamba2 initialises them
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), dims))
+        return np.log(np.expm1(dt)).astype(np.float32)
+    return -rng.uniform(1, 16, dims).astype(np.float32)                  # ssm_a: A = -exp(A_log), A_log in [0, 2.8]
 
 
 def _copy_tokenizer(source: GGUFIndex, w: GGUFWriter) -> None:
-    """The BPE tokenizer of `source` (a gpt2-style GGUF such as SmolLM2's)."""
+    """The BPE tokenizer of `source` (a gpt2-style GGUF such as SmolLM2's), every entry that
+    tokenizes, so that a KL comparison with the source takes the two for the same tokenizer."""
     meta, TK = source.metadata, Keys.Tokenizer
     w.add_tokenizer_model(meta[TK.MODEL])
     if TK.PRE in meta:
@@ -53,30 +184,55 @@ def _copy_tokenizer(source: GGUFIndex, w: GGUFWriter) -> None:
     w.add_token_list(source.strings(TK.LIST))
     w.add_token_types([int(t) for t in np.asarray(meta[TK.TOKEN_TYPE])])
     w.add_token_merges(source.strings(TK.MERGES))
-    adders = {TK.BOS_ID: w.add_bos_token_id, TK.EOS_ID: w.add_eos_token_id, TK.ADD_BOS: w.add_add_bos_token}
+    adders = {TK.BOS_ID: w.add_bos_token_id, TK.EOS_ID: w.add_eos_token_id, TK.UNK_ID: w.add_unk_token_id,
+              TK.PAD_ID: w.add_pad_token_id, TK.ADD_BOS: w.add_add_bos_token, TK.ADD_PREFIX: w.add_add_space_prefix}
     for key, add in adders.items():
         if key in meta:
             add(meta[key])
 
 
+def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
+    w.add_block_count(s.layers)
+    w.add_context_length(s.context)
+    w.add_embedding_length(s.hidden)
+    w.add_head_count(s.heads)
+    w.add_key_length(s.key_dim)
+    w.add_value_length(s.key_dim)
+    w.add_rope_dimension_count(s.key_dim)
+    w.add_vocab_size(vocab)
+    if s.family == "nemotron_h_moe":     # per-layer widths and KV heads say which op a layer is
+        w.add_feed_forward_length([{"E": s.expert_ffn, "-": s.ffn}.get(k, 0) for k in s.pattern])
+        w.add_head_count_kv([s.kv_heads if k == "*" else 0 for k in s.pattern])
+        w.add_layer_norm_eps(1e-5)
+        w.add_ssm_conv_kernel(s.conv_kernel)
+        w.add_ssm_state_size(s.ssm_state)
+        w.add_ssm_group_count(s.ssm_groups)
+        w.add_ssm_inner_size(s.ssm_heads * s.ssm_head_dim)
+        w.add_ssm_time_step_rank(s.ssm_heads)
+        w.add_expert_shared_feed_forward_length(s.shared_ffn)
+        w.add_expert_shared_count(1)
+        w.add_expert_weights_norm(True)
+    else:
+        w.add_feed_forward_length(s.ffn)
+        w.add_head_count_kv(s.kv_heads)
+        w.add_layer_norm_rms_eps(1e-6)
+    if s.experts:
+        w.add_expert_count(s.experts)
+        w.add_expert_used_count(s.experts_used)
+        w.add_expert_feed_forward_length(s.expert_ffn)
+
+
 def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: int = 0) -> Path:
     """Write the model to `path` (via a temporary name, so a killed write never looks finished)."""
+    _check(shape)
     source = GGUFIndex(tokenizer_from)
     vocab = source.metadata[Keys.Tokenizer.LIST].count
     partial = path.with_name(path.name + ".partial")
-    w = GGUFWriter(str(partial), "llama")
-    w.add_block_count(shape.layers)
-    w.add_context_length(shape.context)
-    w.add_embedding_length(shape.hidden)
-    w.add_feed_forward_length(shape.ffn)
-    w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
-    w.add_rope_dimension_count(shape.hidden // shape.heads)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(vocab)
+    w = GGUFWriter(str(partial), shape.family)
+    _add_hparams(w, shape, vocab)
     _copy_tokenizer(source, w)
-    tensors = _tensors(shape, vocab)
-    for name, dims, qtype in tensors:
+    tensors = _Tensors(shape, vocab).build()
+    for name, dims, qtype, _ in tensors:
         block, size = GGML_QUANT_SIZES[qtype]
         stored = dims if qtype == Q.F32 else (*dims[:-1], dims[-1] // block * size)  # bytes per row
         dtype = np.dtype(np.float32 if qtype == Q.F32 else np.uint8)
@@ -85,11 +241,35 @@ def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: i
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
-    for name, dims, qtype in tensors:
+    for _, dims, qtype, fill in tensors:
         if qtype == Q.F32:
-            w.write_tensor_data(np.ones(dims, dtype=np.float32))
+            w.write_tensor_data(_float_data(rng, dims, fill))
         else:
-            w.write_tensor_data(_q4_0(rng, dims[0], dims[1], dims[1]))
+            _, fan_in, gain = fill
+            block, size = GGML_QUANT_SIZES[qtype]
+            raw = _blocks(rng, qtype, int(np.prod(dims)), fan_in, gain)
+            w.write_tensor_data(raw.reshape(*dims[:-1], dims[-1] // block * size))
     w.close()
     partial.rename(path)
+    return path
+
+
+def synthetic_or_registered(alias: str, table: dict) -> Path:
+    """A registered model, or a synthetic one from a settings file's [synthetic.ALIAS] table
+    (written into data/models/ on first use)."""
+    import sys
+
+    from ..gguf_io.registry import resolve_model
+    from ..paths import MODELS_CACHE
+
+    shape = table.get(alias)
+    if shape is None:
+        return resolve_model(alias)
+    path = MODELS_CACHE / f"{alias}.gguf"
+    if not path.is_file():
+        shape = dict(shape)
+        tokenizer = resolve_model(shape.pop("tokenizer_from"))
+        print(f"writing {path} ...", file=sys.stderr)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_synthetic_gguf(path, Shape(**shape), tokenizer)
     return path
