@@ -10,7 +10,7 @@ from pipeline.run import cuda_probe, preflight
 
 @pytest.fixture
 def a_gpu_without_bfloat16(monkeypatch):
-    monkeypatch.setattr(cuda_probe, "_probe", lambda: {"free": 12 * 2**30, "bf16": False})
+    monkeypatch.setattr(cuda_probe, "_probe", lambda: {"free": 12 * 2**30, "total": 16 * 2**30, "bf16": False})
 
     def initialised(*args, **kwargs):
         raise AssertionError("CUDA was initialised in the scheduling process")

@@ -115,3 +115,16 @@ def test_window_tasks_hold_flat_memory_below_the_whole_trunk(tmp_path):
     assert len(cycled) == 6
     assert max(cycled) < 1.1 * min(cycled)
     assert max(cycled) < 0.75 * whole
+
+
+def test_device_memory_sizes_the_windows_and_the_numbers_stay(tmp_path):
+    """--device-memory 1.5GiB on the CPU (a smaller device, emulated): Qwen2.5-0.5B's 24 float32
+    layers (60 MB each) no longer fit one window beside the runtime, so auto-sized windows cycle,
+    each within the budget, and every sequence's NLL is the whole trunk's, bit for bit."""
+    from .helpers import HEAD40K, run_pipeline
+
+    common = dict(model="qwen2.5-0.5b", task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2)
+    whole = run_pipeline(tmp_path / "whole", window_layers=0, **common)
+    capped = run_pipeline(tmp_path / "capped", device_memory="1.5GiB", **common)
+    assert len(capped["placement"]) > 1 and capped["placement"][0]["first"] == 0
+    assert [w["mean_nll"] for w in capped["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]

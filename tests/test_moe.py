@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipeline.model.arch.experts import HeldExperts
 from pipeline.model.arch.ffn import MLP, MoE, Routing, feed_forward, relu2, route
 
 F64 = dict(dtype=torch.float64)
@@ -42,7 +43,7 @@ def dense_reference(x, router, up, down, gate, act, routing, bias=None):
 
 
 def run_moe(x, router, up, down, gate, act, routing, **kw):
-    return MoE(router, up, down, gate, act, routing, **kw)(x.view(1, *x.shape)).view_as(x)
+    return MoE(router, HeldExperts(up, down, gate), act, routing, **kw)(x.view(1, *x.shape)).view_as(x)
 
 
 def test_softmax_top2_matches_dense_reference():
@@ -141,8 +142,9 @@ def per_expert_masks(moe, x):
     out = torch.zeros(flat.shape, dtype=weights.dtype)
     for e in torch.unique(experts).tolist():
         token, slot = (experts == e).nonzero(as_tuple=True)
-        gate = None if moe.gate is None else moe.gate[e]
-        y = feed_forward(flat[token], moe.up[e], moe.down[e], gate, moe.act)
+        held = moe.experts
+        gate = None if held.gate is None else held.gate[e]
+        y = feed_forward(flat[token], held.up[e], held.down[e], gate, moe.act)
         out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
     return out.to(x.dtype).view_as(x)
 
@@ -152,6 +154,6 @@ def test_grouped_routing_gives_the_per_expert_loop_bit_for_bit(dtype):
     g = torch.Generator().manual_seed(9)
     up, down, gate = (t.to(dtype) for t in experts(seed=9))
     router = torch.randn(E, H, generator=g)
-    moe = MoE(router, up, down, gate, F.silu, Routing(n_used=3, gating="softmax", normalize=True))
+    moe = MoE(router, HeldExperts(up, down, gate), F.silu, Routing(n_used=3, gating="softmax", normalize=True))
     x = torch.randn(2, 50, H, generator=g).to(dtype)
     assert torch.equal(moe(x), per_expert_masks(moe, x))

@@ -28,3 +28,56 @@ def test_gpu_layers_beyond_the_trunk_is_an_error():
 def test_windows_that_do_not_tile_are_an_error():
     with pytest.raises(UserError, match="do not tile"):
         check_tiling([Window("cpu", 0, 4), Window("cpu", 5, 30)], 30)
+
+
+def test_window_layers_and_device_memory_are_parsed():
+    from pipeline.run.placement import parse_window_layers
+    from pipeline.run.preflight import parse_size
+
+    assert parse_window_layers("auto") is None and parse_window_layers("8") == 8 and parse_window_layers(0) == 0
+    for bad in ("-1", "four"):
+        with pytest.raises(UserError, match="--window-layers"):
+            parse_window_layers(bad)
+    assert parse_size("12GiB") == 12 * 2**30 and parse_size("1.5 gib") == 3 * 2**29 and parse_size("512MiB") == 2**29
+    for bad in ("12", "12GB", "0GiB", "-1GiB", "GiB"):
+        with pytest.raises(UserError, match="--device-memory"):
+            parse_size(bad)
+
+
+def test_auto_windows_are_the_longest_that_fit_the_budget():
+    from pipeline.run.placement import pack_windows
+
+    per_layer = [3, 3, 1, 1, 1, 5, 1, 1]                  # a big layer among small ones
+    windows = pack_windows(per_layer, fixed=2, budget=8, first=0, last=8, device="cuda")
+    assert [(w.first, w.last) for w in windows] == [(0, 2), (2, 5), (5, 7), (7, 8)]
+    assert all(sum(per_layer[w.first:w.last]) + 2 <= 8 for w in windows)
+    with pytest.raises(UserError, match=r"layer 5 on cuda needs about .* but --device-memory is"):
+        pack_windows(per_layer, fixed=2, budget=6, first=0, last=8, device="cuda", what="--device-memory")
+
+
+def test_the_cpu_part_of_a_split_is_cycled_too():
+    def pack(device, first, last):   # stands in for the budgets: 3 layers a window on the CPU, 2 on the GPU
+        size = 3 if device == "cpu" else 2
+        return [Window(device, a, min(a + size, last)) for a in range(first, last, size)]
+
+    windows = plan_placement(20, None, 6, 4, "cuda", pack)
+    assert describe(windows) == "cpu [0..3) [3..4), cuda [4..6) [6..8) [8..10), cpu [10..13) [13..16) [16..19) [19..20)"
+    windows = plan_placement(20, 3, 6, 4, "cuda", pack)     # --window-layers sizes the GPU part only
+    assert describe(windows) == "cpu [0..3) [3..4), cuda [4..7) [7..10), cpu [10..13) [13..16) [16..19) [19..20)"
+
+
+def test_auto_windows_do_not_depend_on_free_memory(monkeypatch, tmp_path):
+    """A rerun after a crash must plan the windows the first run made, whatever memory is free
+    then: auto sizing follows the device's total memory (or --device-memory), never its free memory."""
+    from pipeline import PerplexityRun
+    from pipeline.run import preflight
+
+    run = PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path), device_memory="900MiB")
+    first = run.placement(check_memory=False)
+    assert len(first) > 1                                         # 900 MiB holds part of the trunk
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 2**40)
+    assert run.placement(check_memory=False) == first
+    monkeypatch.setattr(preflight, "total_bytes", lambda device: 2**40)
+    assert run.placement(check_memory=False) == first              # --device-memory decides
+    auto = PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path))
+    assert len(auto.placement(check_memory=False)) == 1            # a share of 1 TiB holds it all

@@ -14,17 +14,21 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
     hp = load_architecture(spec.gguf).hp
     layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in own if t.task_family == "LayerWindow"]
     # where each window was computed, as its output records it (the first shard's)
-    devices = {}
+    done = {}
     for t, manifest in layer_windows:
-        devices.setdefault((t.first, t.last), manifest.get("device", "cpu"))
-    computed = [Window(devices.get((w.first, w.last), w.device), w.first, w.last) for w in windows]
+        done.setdefault((t.first, t.last), (manifest.get("device", "cpu"), manifest.get("expert_slices", 1)))
+    computed = []
+    for w in windows:
+        device, slices = done.get((w.first, w.last), (w.device, w.expert_slices))
+        computed.append(Window(device, w.first, w.last, slices))
     largest, manifest = max(layer_windows, key=lambda tm: tm[1].get("weight_bytes", 0))
     return {
         "ppl": scored["ppl"], "ppl_stderr": scored["ppl_stderr"], "mean_nll": scored["mean_nll"],
         "tokens_scored": scored["tokens_scored"], "chunks": tokenize["n_windows"],
         "chunks_available": tokenize["available_windows"], "ctx": spec.method.ctx,
         "method": spec.method.name, "method_options": spec.method.as_dict(),
-        "placement": [{"device": w.device, "first": w.first, "last": w.last} for w in computed],
+        "placement": [{"device": w.device, "first": w.first, "last": w.last, "expert_slices": w.expert_slices}
+                      for w in computed],
         "placement_text": describe(computed),
         "largest_window": {"first": largest.first, "last": largest.last,
                            "weight_bytes": manifest.get("weight_bytes", 0)},

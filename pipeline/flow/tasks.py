@@ -18,7 +18,15 @@ from gguf import Keys
 from ..errors import UserError
 from ..paths import RUNS, location
 from ..run import cuda_probe
-from ..run.placement import check_tiling, format_placement, parse_placement, plan_placement, resolve_device
+from ..run.placement import (
+    check_tiling,
+    format_placement,
+    pack_windows,
+    parse_placement,
+    parse_window_layers,
+    plan_placement,
+    resolve_device,
+)
 from ..run.spec import resolve_run
 from ..store import outputs
 from ..store.faults import failpoint
@@ -143,6 +151,17 @@ class OutputTask(RunTask):
     def prepare(self) -> None:
         """What the process needs before this task runs (PlacedTask: settings for compute)."""
 
+    def hold_to_budget(self, device: str) -> None:
+        """On CUDA --device-memory is a hard limit: past it torch's allocator fails as a smaller
+        card would (on the CPU it only sizes the windows)."""
+        if device.startswith("cuda") and self.device_memory:
+            import torch
+
+            from ..run.preflight import parse_size
+
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, parse_size(self.device_memory) / total), device)
+
     def release_input(self) -> None:
         """What a task does once its output is complete (PlacedTask: free the consumed boundary)."""
 
@@ -217,6 +236,8 @@ class PlacedTask(OutputTask):
                                            description="how boundaries are stored on disk")
     shards = luigi.IntParameter(default=1, description="independent chains the corpus is split into")
     shard = luigi.IntParameter(default=0, description="which of them this task belongs to")
+    device_memory = luigi.Parameter(default="", significant=False,
+                                    description="what the device may hold, e.g. 12GiB (set by PerplexityRun)")
 
     def windows(self):
         return parse_placement(self.placement)
@@ -361,8 +382,11 @@ class LayerWindow(PlacedTask):
     def requires(self):
         return self.boundary_task(self.first)
 
+    def window(self):
+        return next(w for w in self.windows() if w.first == self.first)
+
     def device(self) -> str:
-        return next(w.device for w in self.windows() if w.first == self.first)
+        return self.window().device
 
     def identity(self):
         return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
@@ -380,14 +404,18 @@ class LayerWindow(PlacedTask):
         from ..run.preflight import layer_weight_bytes
 
         device = resolve_device(self.device())
+        self.hold_to_budget(device)
         reset_device_peak(device)
         work = self.begin()
         source = self.input_boundary()
         dtype = getattr(torch, self.dtype_name(device))
         loaded = []
 
+        slices = self.window().expert_slices
+
         def load():
-            loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
+            loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype,
+                                         slices))
             return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
 
         # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
@@ -400,7 +428,7 @@ class LayerWindow(PlacedTask):
         else:  # every chunk was there already: the weights were never loaded
             weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
-        self.commit(device=device, weight_bytes=weight_bytes, **peaks, **stats)
+        self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices, **peaks, **stats)
 
 
 class Score(PlacedTask):
@@ -439,6 +467,7 @@ class Score(PlacedTask):
         from ..model.scoring import sequence_scores
 
         device = resolve_device(self.device())
+        self.hold_to_budget(device)
         reset_device_peak(device)
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
@@ -495,13 +524,23 @@ def _read_all(path: Path) -> np.ndarray:
     return np.concatenate([store.read_chunk(i) for i in range(store.n_chunks)])
 
 
+class WindowLayersParameter(luigi.Parameter):
+    """--window-layers: a layer count or `auto`, the same value however it is written (8, "8")."""
+
+    def normalize(self, x):
+        return str(x).strip().lower()
+
+
 class PerplexityRun(RunTask):
     """The entry point: places the layers, runs the chain, prints and writes the result."""
-    window_layers = luigi.IntParameter(default=4, description="layers per window (0: the whole trunk at once)")
+    window_layers = WindowLayersParameter(
+        default="auto", description="layers per window (0: the whole trunk at once; auto: the longest that fit)")
     gpu_layers = luigi.IntParameter(default=-1, description="layers on the device; the rest run on the CPU")
     first_layer = luigi.IntParameter(default=0, description="with --gpu-layers: first layer on the device")
     device = luigi.ChoiceParameter(choices=["auto", "cpu", "cuda"], default="auto", significant=False,
                                    description="device for the placed windows")
+    device_memory = luigi.Parameter(default="", significant=False,
+                                    description="what the device may hold, e.g. 12GiB (default: what it has)")
     compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
     per_window = luigi.BoolParameter(default=False, description="print each sequence's mean NLL and the running PPL")
@@ -513,19 +552,38 @@ class PerplexityRun(RunTask):
 
     def placement(self, check_memory: bool = True, kl_base_head=None) -> list:
         """The layer windows; before a pass (not when reporting one) checked against memory, with
-        the KL base's head (a GGUFIndex) beside the model's in the Score task."""
+        the KL base's head (a GGUFIndex) beside the model's in the Score task. Auto-sized windows
+        depend on the model, the settings and the devices' budgets only (preflight.device_budget),
+        so a rerun finds the windows of the run it resumes."""
         from ..model.arch import load_architecture
-        from ..run.preflight import check_memory
+        from ..run import preflight
 
         s = self.spec()
         hp = load_architecture(s.gguf).hp
-        windows = plan_placement(hp.n_layers, self.window_layers, self.gpu_layers, self.first_layer,
-                                 resolve_device(self.device))
+        device = resolve_device(self.device)
+        caps = {device: preflight.parse_size(self.device_memory)} if self.device_memory else {}
+        dtypes = {d: compute_dtype_name(self.compute_dtype, d) for d in {device, "cpu"}}
+        fixed = preflight.window_fixed_bytes(s.gguf, self.windows_per_chunk, s.method.ctx, hp.n_head)
+
+        def pack(dev: str, first: int, last: int) -> list:
+            import torch
+
+            dtype = getattr(torch, dtypes[dev])
+            per_layer, experts = [0] * hp.n_layers, [(0, 0)] * hp.n_layers
+            for i in range(first, last):
+                per_layer[i] = preflight.layer_weight_bytes(s.gguf, i, dtype)
+                experts[i] = preflight.layer_experts(s.gguf, i, dtype)
+            what = "--device-memory" if dev in caps else f"the {dev} budget ({preflight.AUTO_SHARE[dev]:.0%} of it)"
+            return pack_windows(per_layer, fixed, preflight.device_budget(dev, caps.get(dev)), first, last, dev,
+                                what, experts)
+
+        windows = plan_placement(hp.n_layers, parse_window_layers(self.window_layers), self.gpu_layers,
+                                 self.first_layer, device, pack)
         check_tiling(windows, hp.n_layers)
         if check_memory:
-            dtypes = {w.device: compute_dtype_name(self.compute_dtype, w.device) for w in windows}
-            check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx, dtypes,
-                         heads=[s.gguf] + ([kl_base_head] if kl_base_head is not None else []))
+            preflight.check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx,
+                                   {w.device: dtypes[w.device] for w in windows},
+                                   heads=[s.gguf] + ([kl_base_head] if kl_base_head is not None else []), caps=caps)
         return windows
 
     def base_model(self) -> str:

@@ -13,12 +13,16 @@ from .weight_block import WeightBlock
 
 
 class WindowExecutor:
-    def __init__(self, arch: DecoderArch, first: int, last: int, device: str, dtype: torch.dtype):
+    def __init__(self, arch: DecoderArch, first: int, last: int, device: str, dtype: torch.dtype,
+                 expert_slices: int = 1):
         if not 0 <= first < last <= arch.hp.n_layers:
             raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
         self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
-        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device)
-        self.layers = [arch.load_layer(i, self.device, dtype, self.weights) for i in range(first, last)]
+        # > 1: each MoE layer's routed experts are read in this many slices while it runs
+        slices = expert_slices if any(arch.specs[i].ffn == "moe" for i in range(first, last)) else 1
+        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device, slices)
+        self.layers = [arch.load_layer(i, self.device, dtype, self.weights, slices if arch.specs[i].ffn == "moe" else 1)
+                       for i in range(first, last)]
         self.weight_bytes = sum(layer.nbytes for layer in self.layers)
         self._tables: dict[int, Tables] = {}
 

@@ -36,6 +36,20 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def block_bytes(gguf: GGUFIndex, i: int, dtype: torch.dtype, expert_slices: int = 1) -> int:
+    """What block `i` takes of a window's weight block: each tensor, cache-line aligned; with
+    `expert_slices` > 1 its routed experts (where it has any) count as one slice's scratch."""
+    from .arch.experts import expert_tensor_names
+
+    sliced = set(expert_tensor_names(gguf, i).values()) if expert_slices > 1 else set()
+    held = sum(_aligned(tensor_bytes(t, dtype)) for t in gguf.layer_tensors(i) if t.name not in sliced)
+    if not sliced:
+        return held
+    per = -(-gguf.tensors[next(iter(sliced))].shape[0] // expert_slices)
+    return held + sum(_aligned(per * math.prod(gguf.tensors[n].shape[1:]) * held_dtype(n, dtype).itemsize)
+                      for n in sliced)
+
+
 class WeightBlock:
     def __init__(self, nbytes: int, device):
         if torch.device(device).type == "cpu" and nbytes:
@@ -46,10 +60,11 @@ class WeightBlock:
         self.used = 0
 
     @classmethod
-    def for_layers(cls, gguf: GGUFIndex, first: int, last: int, dtype: torch.dtype, device) -> "WeightBlock":
-        """Room for every tensor of blocks [first, last) dequantized for compute in `dtype`."""
-        need = sum(_aligned(tensor_bytes(t, dtype)) for i in range(first, last) for t in gguf.layer_tensors(i))
-        return cls.reused(need, device)
+    def for_layers(cls, gguf: GGUFIndex, first: int, last: int, dtype: torch.dtype, device,
+                   expert_slices: int = 1) -> "WeightBlock":
+        """Room for every tensor of blocks [first, last) dequantized for compute in `dtype`; with
+        `expert_slices` > 1, for one slice of each layer's routed experts instead of all of them."""
+        return cls.reused(sum(block_bytes(gguf, i, dtype, expert_slices) for i in range(first, last)), device)
 
     @classmethod
     def reused(cls, nbytes: int, device) -> "WeightBlock":

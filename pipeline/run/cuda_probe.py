@@ -1,4 +1,4 @@
-"""What the CUDA device offers (free memory, bfloat16 support), asked once per process in a
+"""What the CUDA device offers (free and total memory, bfloat16 support), asked once per process in a
 short child process: the process that schedules the tasks never initialises CUDA itself, since
 Luigi forks a process per task with --workers > 1 and a child of a process that has
 initialised CUDA cannot use it."""
@@ -10,11 +10,13 @@ import sys
 from ..errors import UserError
 
 PROBE = ("import json, torch; "
-         "print(json.dumps({'free': torch.cuda.mem_get_info()[0], 'bf16': torch.cuda.is_bf16_supported()}))")
+         "free, total = torch.cuda.mem_get_info(); "
+         "print(json.dumps({'free': free, 'total': total, 'bf16': torch.cuda.is_bf16_supported()}))")
 
 
 def cuda_facts() -> dict:
-    """{"free": bytes free on the current CUDA device, "bf16": whether it computes in bfloat16}."""
+    """{"free": bytes free on the current CUDA device, "total": its memory, "bf16": whether it
+    computes in bfloat16}."""
     facts = _probe()
     if isinstance(facts, str):
         raise UserError(f"the CUDA device could not be queried: {facts}")

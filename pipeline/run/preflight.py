@@ -5,6 +5,7 @@ swapping, filling the disk or being killed half way.
 Memory is checked before a pass starts; the disk once the corpus is tokenized and the number
 of sequences, so the size of a boundary, is known (before the first boundary is written)."""
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,13 @@ import numpy as np
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex
 from . import cuda_probe
+from .placement import window_bytes
 
 GiB = 2 ** 30
 RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of a window task
+# the share of a device's total memory that auto-sized windows plan for, without --device-memory
+AUTO_SHARE = {"cpu": 0.75, "cuda": 0.9}
+UNITS = {"KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
 
 
 def layer_weight_bytes(gguf: GGUFIndex, i: int, dtype) -> int:
@@ -38,6 +43,39 @@ def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
     span = int(gguf.arch_value(Keys.Attention.SLIDING_WINDOW, 0) or 0)
     score_tensors = 3 if 0 < span < ctx else 1
     return 4 * batch * ctx * (8 * hidden + 3 * widest) + score_tensors * 4 * batch * n_head * ctx * ctx
+
+
+def parse_size(text: str) -> int:
+    """--device-memory: a number with KiB, MiB or GiB (`12GiB`, `1.5 GiB`) -> bytes."""
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMG]iB)\s*", text, flags=re.IGNORECASE)
+    if not match or float(match.group(1)) <= 0:
+        raise UserError(f"--device-memory {text!r}: give a size such as 12GiB, 512MiB or 1.5GiB")
+    return int(float(match.group(1)) * UNITS[match.group(2).upper()])
+
+
+def total_bytes(device: str) -> int:
+    """A device's memory: on CUDA the card's (asked in a child process); on the CPU MemTotal,
+    capped by the cgroup limit where one is set."""
+    if device.startswith("cuda"):
+        return cuda_probe.cuda_facts()["total"]
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = Path("/sys/fs/cgroup/memory.max")
+    if limit.is_file() and limit.read_text().strip().isdigit():
+        total = min(total, int(limit.read_text()))
+    return total
+
+
+def device_budget(device: str, cap: int | None) -> int:
+    """What the windows on `device` are planned for: --device-memory where given, else a share
+    of the device's total memory. Not its free memory, which changes from run to run: a rerun
+    after a crash plans the same windows, so it finds the outputs the first run left."""
+    return cap if cap is not None else int(AUTO_SHARE["cuda" if device.startswith("cuda") else "cpu"]
+                                           * total_bytes(device))
+
+
+def window_fixed_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
+    """What a window task holds besides its weights."""
+    return RUNTIME_BYTES + activation_bytes(gguf, batch, ctx, n_head)
 
 
 def available_bytes(device: str) -> int:
@@ -66,37 +104,58 @@ def largest_fitting_window(per_layer: list[int], fixed: int, budget: int) -> int
     return 0
 
 
+def layer_experts(gguf: GGUFIndex, i: int, dtype) -> tuple[int, int]:
+    """(bytes, count) of block `i`'s routed experts dequantized for compute in `dtype`; (0, 0)
+    where it has none."""
+    from ..model.arch.experts import expert_tensor_names
+    from ..model.weight_block import tensor_bytes
+
+    names = expert_tensor_names(gguf, i)
+    if not names:
+        return 0, 0
+    return sum(tensor_bytes(gguf.tensors[n], dtype) for n in names.values()), gguf.tensors[names["down"]].shape[0]
+
+
 def check_windows_fit(windows, per_layer: list[int], fixed: int, dtype_names: dict[str, str],
-                      available: dict[str, int]) -> None:
+                      available: dict[str, int], experts: list[tuple[int, int]] | None = None) -> None:
     """Refuse the placement when a window's weights plus `fixed` exceed its device's memory.
-    per_layer: weight bytes of each layer in its window's compute dtype."""
+    per_layer: weight bytes of each layer in its window's compute dtype; experts: (bytes,
+    count) of each layer's routed experts, of which a window in expert slices holds one slice."""
+    experts = experts or [(0, 0)] * len(per_layer)
     for w in windows:
-        need = sum(per_layer[w.first:w.last]) + fixed
-        if need <= available[w.device]:
+        weights = window_bytes(per_layer, experts, w)
+        if weights + fixed <= available[w.device]:
             continue
         fits = largest_fitting_window(per_layer, fixed, available[w.device])
         advice = f"--window-layers {fits} fits" if fits else "not even one layer fits"
         raise UserError(
-            f"layers [{w.first}..{w.last}) on {w.device} need about {need / GiB:.1f} GiB "
-            f"({sum(per_layer[w.first:w.last]) / GiB:.1f} GiB of {dtype_names[w.device]} weights) but "
+            f"layers [{w.first}..{w.last}) on {w.device} need about {(weights + fixed) / GiB:.1f} GiB "
+            f"({weights / GiB:.1f} GiB of {dtype_names[w.device]} weights) but "
             f"{available[w.device] / GiB:.1f} GiB are available; {advice}")
 
 
 def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, ctx: int,
-                 dtype_names: dict[str, str], heads: list[GGUFIndex] | None = None) -> None:
-    """Check every window of a placement against its device's memory before the pass starts,
-    and the Score task's `heads` (the model's own by default; with a KL base, both) on the last
-    window's device."""
+                 dtype_names: dict[str, str], heads: list[GGUFIndex] | None = None,
+                 caps: dict[str, int] | None = None) -> None:
+    """Check every window of a placement against its device's memory (free now, and at most its
+    --device-memory cap) before the pass starts, and the Score task's `heads` (the model's own
+    by default; with a KL base, both) on the last window's device."""
     import torch
 
+    caps = caps or {}
     dtypes = {d: getattr(torch, name) for d, name in dtype_names.items()}
-    fixed = RUNTIME_BYTES + activation_bytes(gguf, batch, ctx, n_head)
-    for device in sorted({w.device for w in windows}):
+    fixed = window_fixed_bytes(gguf, batch, ctx, n_head)
+    usable = {}
+    for device in {w.device for w in windows}:
+        free = available_bytes(device)
+        usable[device] = min(free, caps[device]) if device in caps else free
+    for device in sorted(usable):
         per_layer = [layer_weight_bytes(gguf, i, dtypes[device]) for i in range(n_layers)]
-        check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names,
-                          {device: available_bytes(device)})
+        experts = [layer_experts(gguf, i, dtypes[device]) for i in range(n_layers)]
+        check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names, usable,
+                          experts)
     last = windows[-1].device
-    check_heads_fit(heads or [gguf], last, dtype_names[last], dtypes[last].itemsize, available_bytes(last))
+    check_heads_fit(heads or [gguf], last, dtype_names[last], dtypes[last].itemsize, usable[last])
 
 
 def check_heads_fit(ggufs: list[GGUFIndex], device: str, dtype_name: str, element_size: int, available: int) -> None:

@@ -25,6 +25,7 @@ from ..scoring import WIDENED_SLICE_BYTES
 from ..weight_block import WeightBlock, held_dtype
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_computed
 from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
+from .experts import HeldExperts, SlicedExperts, expert_tensor_names
 from .ffn import MLP, MoE, Routing
 from .rope import RopeSpec, read_rope, rope_tables
 from .shapes import check_shapes, qkv_rows
@@ -87,8 +88,10 @@ class BlockTensors:
     """The tensors of block `i`, dequantized on request (into `weights` where given); remembers
     which it read."""
 
-    def __init__(self, gguf: GGUFIndex, i: int, device, dtype, weights: WeightBlock | None = None):
+    def __init__(self, gguf: GGUFIndex, i: int, device, dtype, weights: WeightBlock | None = None,
+                 expert_slices: int = 1):
         self.gguf, self.i, self.device, self.dtype, self.weights = gguf, i, device, dtype, weights
+        self.expert_slices = expert_slices   # > 1: the routed experts are read a slice at a time
         self.read = set()
 
     def name(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> str:
@@ -229,8 +232,9 @@ class DecoderArch:
         return read_rope(self, int(self.key(Keys.Rope.DIMENSION_COUNT, self.hp.head_dim)), self.neox_rope, factors)
 
     # -- layers ----------------------------------------------------------------------------
-    def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None) -> DecoderLayer:
-        t = BlockTensors(self.gguf, i, device, dtype, weights)
+    def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None,
+                   expert_slices: int = 1) -> DecoderLayer:
+        t = BlockTensors(self.gguf, i, device, dtype, weights, expert_slices)
         layer = DecoderLayer(self.specs[i], self.layer_steps(self.specs[i], t))
         t.check_all_read()
         return layer
@@ -294,14 +298,25 @@ class DecoderArch:
             shared = MLP(t(MT.FFN_UP_SHEXP), t(MT.FFN_DOWN_SHEXP), t(MT.FFN_GATE_SHEXP, required=False),
                          self.activation)
         router = t(MT.FFN_GATE_INP)
-        if self.fused_gate_up_experts and t.has(MT.FFN_GATE_UP_EXP):  # the converter's --fuse-gate-up-exps
+        return MoE(router=router, experts=self.routed_experts(t), act=self.activation, routing=self.routing(i),
+                   selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
+                   shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False))
+
+    def routed_experts(self, t: BlockTensors) -> nn.Module:
+        """The layer's routed experts: held with the window, or (t.expert_slices > 1) read a
+        slice at a time while the layer runs."""
+        fused = self.fused_gate_up_experts and t.has(MT.FFN_GATE_UP_EXP)  # the converter's --fuse-gate-up-exps
+        if t.expert_slices > 1:
+            names = expert_tensor_names(self.gguf, t.i)
+            if not fused:
+                names.pop("gate_up", None)
+            t.read.update(names.values())
+            return SlicedExperts(self.gguf, names, t.expert_slices, t.device, t.dtype, t.weights)
+        if fused:
             gate, up = t(MT.FFN_GATE_UP_EXP).chunk(2, dim=1)                      # [E, ff, hidden] each
         else:
             up, gate = t(MT.FFN_UP_EXP), t(MT.FFN_GATE_EXP, required=False)
-        return MoE(router=router, up=up, down=t(MT.FFN_DOWN_EXP), gate=gate, act=self.activation,
-                   routing=self.routing(i),
-                   selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
-                   shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False))
+        return HeldExperts(up, t(MT.FFN_DOWN_EXP), gate)
 
     # -- embedding and head ----------------------------------------------------------------
     def embed(self, ids: torch.Tensor, device, dtype) -> torch.Tensor:

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from .blocks import Weights, wide
 
@@ -82,16 +83,16 @@ def _name(fn) -> str:
 class MoE(Weights):
     """Routed experts (+ an always-on shared expert, optionally gated by sigmoid(shared_gate . x)).
 
-    Expert weights are [E, out, in]; each expert runs only on the tokens routed to it, so an
-    expert that receives no token costs nothing.
+    The experts come from `experts` (experts.py: held with the window, or dequantized a slice at
+    a time); each runs only on the tokens routed to it, so an expert that receives no token
+    costs nothing.
     """
 
-    def __init__(self, router: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None,
-                 act, routing: Routing, selection_bias: torch.Tensor | None = None,
-                 shared: MLP | None = None, shared_gate: torch.Tensor | None = None):
-        super().__init__({"router": router, "up": up, "down": down, "gate": gate, "selection_bias": selection_bias,
-                          "shared_gate": shared_gate})
-        self.act, self.routing, self.shared = act, routing, shared
+    def __init__(self, router: torch.Tensor, experts: nn.Module, act, routing: Routing,
+                 selection_bias: torch.Tensor | None = None, shared: MLP | None = None,
+                 shared_gate: torch.Tensor | None = None):
+        super().__init__({"router": router, "selection_bias": selection_bias, "shared_gate": shared_gate})
+        self.experts, self.act, self.routing, self.shared = experts, act, routing, shared
 
     def describe(self) -> str:
         return f"act={_name(self.act)}, {self.routing}"
@@ -105,14 +106,16 @@ class MoE(Weights):
         # sort); one count per expert is the only value that goes to the host
         k = experts.shape[1]
         pairs = torch.sort(experts.flatten(), stable=True).indices               # [N * k]
-        counts = torch.bincount(experts.flatten(), minlength=self.up.shape[0]).tolist()
-        for e, group in enumerate(pairs.split(counts)):
-            if not counts[e]:
-                continue
-            token, slot = group // k, group % k                                 # [n_e], [n_e]
-            gate = None if self.gate is None else self.gate[e]
-            y = feed_forward(flat[token], self.up[e], self.down[e], gate, self.act)  # [n_e, hidden]
-            out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])
+        counts = torch.bincount(experts.flatten(), minlength=self.experts.n_experts).tolist()
+        groups = pairs.split(counts)
+        for first, up, down, gate in self.experts.slices(counts):                # [n, ff, hidden] ...
+            for j in range(up.shape[0]):
+                e = first + j
+                if not counts[e]:
+                    continue
+                token, slot = groups[e] // k, groups[e] % k                         # [n_e], [n_e]
+                y = feed_forward(flat[token], up[j], down[j], None if gate is None else gate[j], self.act)
+                out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])  # [n_e, hidden]
         if self.shared is not None:
             s = self.shared(flat)
             if self.shared_gate is not None:

@@ -1,0 +1,78 @@
+"""Where a mixture-of-experts layer's routed experts come from.
+
+Held: dequantized with the rest of the window. In slices, for a layer larger than its device:
+experts [a, b) are dequantized into one scratch space, run on every token of the chunk routed to
+them, then overwritten by the next slice; a slice none of whose experts has a token is never
+read. Either way the experts run one at a time in index order and their outputs are summed in
+the same order, so a sliced layer gives the held layer's numbers bit for bit.
+"""
+import math
+
+import torch
+from gguf import MODEL_TENSOR as MT
+from gguf import TENSOR_NAMES
+
+from ...gguf_io.dequant import dequantize
+from ...gguf_io.reader import GGUFIndex
+from ..weight_block import WeightBlock, held_dtype
+from .blocks import Weights
+
+# the routed experts' tensors, [n_experts, rows, cols] each
+EXPERT_TENSORS = {"gate_up": MT.FFN_GATE_UP_EXP, "up": MT.FFN_UP_EXP, "gate": MT.FFN_GATE_EXP, "down": MT.FFN_DOWN_EXP}
+
+
+def expert_tensor_names(gguf: GGUFIndex, i: int) -> dict[str, str]:
+    """Role ("gate_up", "up", "gate", "down") -> name of each routed-expert tensor block `i` has."""
+    names = {role: TENSOR_NAMES[kind].format(bid=i) + ".weight" for role, kind in EXPERT_TENSORS.items()}
+    return {role: name for role, name in names.items() if name in gguf.tensors}
+
+
+class HeldExperts(Weights):
+    """Every expert of the layer, dequantized with the window: [E, ff, hidden] up and gate,
+    [E, hidden, ff] down."""
+
+    def __init__(self, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None):
+        super().__init__({"up": up, "down": down, "gate": gate})
+        self.n_experts = up.shape[0]
+
+    def slices(self, counts: list[int]):
+        """(first expert, up, down, gate) of each slice: here the one slice of all of them."""
+        yield 0, self.up, self.down, self.gate
+
+
+class SlicedExperts(Weights):
+    """The experts in `n_slices` slices of equal count, dequantized one slice at a time into
+    scratch tensors (taken from the window's block) that every slice reuses."""
+
+    def __init__(self, gguf: GGUFIndex, names: dict[str, str], n_slices: int, device, dtype: torch.dtype,
+                 weights: WeightBlock | None):
+        self.gguf, self.names, self.device = gguf, names, device
+        self.n_experts = gguf.tensors[names["down"]].shape[0]
+        self.per_slice = math.ceil(self.n_experts / n_slices)
+        scratch = {}
+        for role, name in names.items():
+            shape = (self.per_slice, *gguf.tensors[name].shape[1:])
+            dt = held_dtype(name, dtype)
+            scratch[role] = (weights.take(shape, dt) if weights is not None else None)
+            if scratch[role] is None:
+                scratch[role] = torch.empty(shape, dtype=dt, device=device)
+        super().__init__(scratch)
+
+    def describe(self) -> str:
+        return f"{self.n_experts} experts in slices of {self.per_slice}"
+
+    def slices(self, counts: list[int]):
+        """(first expert, up, down, gate) of each slice holding an expert with tokens."""
+        for a in range(0, self.n_experts, self.per_slice):
+            b = min(a + self.per_slice, self.n_experts)
+            if not any(counts[a:b]):
+                continue
+            loaded = {}
+            for role, name in self.names.items():
+                info, out = self.gguf.tensors[name], self.w[role][:b - a]
+                loaded[role] = dequantize(self.gguf.raw(name)[a:b], info.qtype, self.device, name, out.dtype, out=out)
+                self.gguf.release_pages(name)
+            if "gate_up" in loaded:                                           # [n, 2 ff, hidden]: gate rows, then up
+                loaded["gate"], loaded["up"] = loaded.pop("gate_up").chunk(2, dim=1)
+            yield a, loaded["up"], loaded["down"], loaded.get("gate")
+

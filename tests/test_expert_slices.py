@@ -1,0 +1,81 @@
+"""A layer larger than its device runs its routed experts in slices: bit-identical to the
+layer held whole, planned by the preflight instead of refused, and refused in one line where
+not even one expert fits."""
+import pytest
+import torch
+
+from pipeline.errors import UserError
+from pipeline.gguf_io.reader import GGUFIndex
+from pipeline.model.arch import load_architecture
+from pipeline.model.executor import WindowExecutor
+
+from .helpers import HEAD40K, random_ids, run_pipeline
+
+# two layers of 128 experts, 4.5 MiB each in float32 (600 MiB a layer): with the LM head and the
+# runtime (0.82 GiB for the Score task) a budget that holds the head cannot hold a layer
+BIG_EXPERTS = dict(family="qwen3moe", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
+                   experts=128, experts_used=8, expert_ffn=1536)
+
+
+def hidden_after(path, slices: int, dtype=torch.float32) -> torch.Tensor:
+    arch = load_architecture(GGUFIndex(path))
+    ids = random_ids(n_rows=2, n_tokens=40, seed=3) % arch.hp.vocab
+    window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype, expert_slices=slices)
+    try:
+        return window(arch.embed(ids, "cpu", torch.float32))
+    finally:
+        window.release()
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "nemotron_h_moe", "qwen3next_fused"])
+def test_sliced_experts_give_the_held_layer_bit_for_bit(tiny_model, name):
+    """Softmax routing; sigmoid routing with a selection bias and a shared expert; gate and up
+    fused in one tensor: every slice count gives the unsliced window's hidden state exactly."""
+    _, path = tiny_model(name)
+    held = hidden_after(path, 1)
+    for slices in (2, 3, 4):                      # 4 experts: 2, 2+2 ... one expert a slice
+        assert torch.equal(hidden_after(path, slices), held), slices
+    assert torch.equal(hidden_after(path, 3, torch.bfloat16), hidden_after(path, 1, torch.bfloat16))
+
+
+def test_a_sliced_window_holds_one_slice(tiny_model):
+    """The window's weight block holds the layer's other tensors and one slice of its experts."""
+    _, path = tiny_model("qwen3moe")
+    arch = load_architecture(GGUFIndex(path))
+    held = WindowExecutor(arch, 0, 1, "cpu", torch.float32)
+    whole = held.weights.data.numel()
+    held.release()
+    sliced = WindowExecutor(arch, 0, 1, "cpu", torch.float32, expert_slices=4)
+    up = arch.gguf.tensors["blk.0.ffn_up_exps.weight"].shape
+    one_expert = 3 * up[1] * up[2] * 4                                   # gate, up, down of one expert, float32
+    assert whole - sliced.weights.data.numel() == pytest.approx(3 * one_expert, abs=6 * 64)
+    sliced.release()
+
+
+@pytest.fixture(scope="module")
+def big_experts(tmp_path_factory):
+    from pipeline.gguf_io.registry import fetch_model
+    from pipeline.tools.synthetic import Shape, write_synthetic_gguf
+
+    path = tmp_path_factory.mktemp("big-experts") / "big-experts.gguf"
+    return write_synthetic_gguf(path, Shape(**BIG_EXPERTS), fetch_model("smollm2-135m"))
+
+
+def test_a_budget_below_one_layer_runs_in_expert_slices(tmp_path, big_experts):
+    common = dict(model=str(big_experts), task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=2)
+    whole = run_pipeline(tmp_path / "whole", window_layers=0, **common)
+    sliced = run_pipeline(tmp_path / "sliced", device_memory="900MiB", **common)
+    assert [(w["first"], w["last"], w["expert_slices"]) for w in sliced["placement"]] == [(0, 1, 2), (1, 2, 2)]
+    assert sliced["placement_text"] == "cpu [0..1) in 2 expert slices [1..2) in 2 expert slices"
+    assert whole["placement"][0]["expert_slices"] == 1
+    assert [w["mean_nll"] for w in sliced["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
+
+
+def test_a_budget_below_one_expert_is_refused_naming_the_smallest(tmp_path, big_experts):
+    from pipeline import PerplexityRun
+
+    run = PerplexityRun(model=str(big_experts), device="cpu", run_root=str(tmp_path), device_memory="530MiB")
+    with pytest.raises(UserError, match=r"layer 0 on cpu needs .* but --device-memory is 0\.5 GiB, and one of its "
+                                        r"128 experts at a time does not fit either; the smallest budget that works "
+                                        r"is \d+ MiB"):
+        run.placement(check_memory=False)
