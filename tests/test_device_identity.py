@@ -29,4 +29,4 @@ def test_the_placement_row_comes_from_the_outputs(tmp_path):
     manifest_path.write_text(json.dumps({**manifest, "device": "cuda"}))   # as if it had been computed there
     again = run_pipeline(tmp_path, **params)
     assert again["placement_text"] == "cpu [0..10), cuda [10..20), cpu [20..30)"
-    assert again["placement"][1] == {"device": "cuda", "first": 10, "last": 20}
+    assert again["placement"][1] == {"device": "cuda", "first": 10, "last": 20, "expert_slices": 1}

@@ -86,3 +86,18 @@ def test_long_tasks_report_progress_through_luigi(tmp_path, monkeypatch):
     assert "tok/s" in messages["Score"][-1] and messages["Score"][-1].endswith("s left")
     assert percents["Embed"] == [50, 100] and percents["Score"] == [50, 100]
     assert percents["LayerWindow"] == [50, 100] * 2
+    # the pass-level part: layers done of the trunk's 30, after the first window's first chunk
+    assert "; pass 7.5/30 layers, " in messages["LayerWindow"][0]
+    assert "; pass 30.0/30 layers, " in messages["LayerWindow"][-1] and messages["LayerWindow"][-1].endswith("0s left")
+
+
+def test_the_pass_line_estimates_the_pass_and_the_sweep():
+    from pipeline.flow.console import duration, pass_line
+
+    # window [12..24) of 48 layers, 3 of 8 chunks done at 10 s a chunk (50 s left of it), 40 tok/s
+    line = pass_line(12, 12, 48, 0, 3, 8, 40.0, 10.0, 50.0)
+    # 24 layers after the window x 8 chunks x 10/12 s a layer-chunk = 160 s, + 50 s
+    assert line == "pass 16.5/48 layers, 10 tok/s, 3m30s left"
+    # two more passes like it: 2 x 48 x 8 x 10/12 = 640 s more
+    assert pass_line(12, 12, 48, 2, 3, 8, 40.0, 10.0, 50.0).endswith("; sweep 14m10s left (2 more runs)")
+    assert [duration(s) for s in (4.4, 725, 11220)] == ["4s", "12m05s", "3h07m"]

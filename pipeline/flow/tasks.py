@@ -151,17 +151,6 @@ class OutputTask(RunTask):
     def prepare(self) -> None:
         """What the process needs before this task runs (PlacedTask: settings for compute)."""
 
-    def hold_to_budget(self, device: str) -> None:
-        """On CUDA --device-memory is a hard limit: past it torch's allocator fails as a smaller
-        card would (on the CPU it only sizes the windows)."""
-        if device.startswith("cuda") and self.device_memory:
-            import torch
-
-            from ..run.preflight import parse_size
-
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, parse_size(self.device_memory) / total), device)
-
     def release_input(self) -> None:
         """What a task does once its output is complete (PlacedTask: free the consumed boundary)."""
 
@@ -265,6 +254,17 @@ class PlacedTask(OutputTask):
     def resources(self) -> dict:
         """A task placed on CUDA holds one `gpu` of the scheduler's pool (configs/luigid.cfg)."""
         return {"gpu": 1} if self.device() == "cuda" else {}
+
+    def hold_to_budget(self, device: str) -> None:
+        """On CUDA --device-memory is a hard limit: past it torch's allocator fails as a smaller
+        card would (on the CPU it only sizes the windows)."""
+        if device.startswith("cuda") and self.device_memory:
+            import torch
+
+            from ..run.preflight import parse_size
+
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, parse_size(self.device_memory) / total), device)
 
     def complete(self) -> bool:
         # a boundary removed once its consumer completed must be recomputed for a new consumer
@@ -395,6 +395,12 @@ class LayerWindow(PlacedTask):
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
+
+    def pass_position(self) -> tuple[int, int, int, int]:
+        """(layers before this window, in it, in the trunk, runs of a sweep after this one), for
+        the pass-level progress line."""
+        pending = Sweep.progress["pending"]
+        return self.first, self.last - self.first, self.windows()[-1].last, max(len(pending) - 1, 0)
 
     def execute(self):
         import torch

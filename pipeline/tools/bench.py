@@ -17,6 +17,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .llamacpp import llama_perplexity, parse_final_estimate
 @dataclass
 class Row:
     name: str
-    window: int | None          # layers per window; 0 whole trunk; None for llama-perplexity
+    window: int | str | None    # layers per window; 0 whole trunk; "auto"; None for llama-perplexity
     wall_s: float
     tokens_per_s: float
     ppl: float
@@ -40,6 +41,8 @@ class Row:
     split: dict = field(default_factory=dict)
     refused: str = ""           # the one-line reason when layercycle refused the run
     device: str = "cpu"         # where it ran (llama-perplexity is built for the CPU; layercycle: its windows' devices)
+    process_rss_mb: float = 0.0  # peak RSS of the whole process (tree), sampled from outside
+    placement: str = ""         # layercycle: the windows it ran
 
 
 def load_config(path: Path) -> dict:
@@ -67,20 +70,51 @@ def bench_model(alias: str, model: Path, binary: Path | None, cfg: dict) -> list
     return [sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2] for rows in samples]
 
 
+def run_sampled(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float, float]:
+    """Run `cmd`; return its outcome, wall seconds and the peak RSS (MB) of its process tree,
+    sampled from outside every 0.2 s (a task's own high-water mark is reset per task)."""
+    start, peak = time.perf_counter(), [0]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    finished = threading.Event()
+
+    def sample():
+        while not finished.wait(0.2):
+            peak[0] = max(peak[0], _tree_rss_kb(proc.pid))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    out, err = proc.communicate()
+    finished.set()
+    sampler.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), time.perf_counter() - start, peak[0] / 1024
+
+
+def _tree_rss_kb(pid: int) -> int:
+    """VmRSS of a process and its descendants (Linux /proc), KiB; 0 once it is gone."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            children = Path(f"/proc/{p}/task/{p}/children").read_text().split()
+        except OSError:
+            continue
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
+        todo += [int(c) for c in children]
+    return total
+
+
 def llama_once(binary: Path, model: Path, cfg: dict) -> Row:
-    start = time.perf_counter()
-    done = subprocess.run([str(binary), "-m", str(model), "-f", cfg["corpus"], "-c", str(cfg["ctx"]),
-                           "-b", str(cfg["ctx"]), "-t", str(cfg["threads"]), "--chunks", str(cfg["chunks"])],
-                          capture_output=True, text=True, env=_env(cfg["threads"]))
-    wall = time.perf_counter() - start
+    done, wall, rss = run_sampled([str(binary), "-m", str(model), "-f", cfg["corpus"], "-c", str(cfg["ctx"]),
+                                   "-b", str(cfg["ctx"]), "-t", str(cfg["threads"]), "--chunks", str(cfg["chunks"])],
+                                  env=_env(cfg["threads"]))
     if done.returncode:
         raise UserError(f"llama-perplexity failed on {model}: {done.stderr.strip().splitlines()[-1:]}")
     ppl, _ = parse_final_estimate(done.stdout + done.stderr)
-    return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl)
+    return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl, process_rss_mb=rss)
 
 
-def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
-    name = "layercycle " + ("whole" if window == 0 else f"cycled {window}")
+def layercycle_once(alias: str, model: Path, window: int | str, cfg: dict) -> Row:
+    name = "layercycle " + {0: "whole", "auto": "auto"}.get(window, f"cycled {window}")
     with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
         root = Path(tmp)
         cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
@@ -88,9 +122,8 @@ def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
                "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
                "--compute-dtype", cfg["compute_dtype"], "--device", cfg.get("device", "auto"), "--run-root", str(root),
                "--result-json", str(root / "result.json")]
-        start = time.perf_counter()
-        done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, env=_env(cfg["threads"]))
-        wall = time.perf_counter() - start
+        cmd += ["--device-memory", cfg["device_memory"]] if cfg.get("device_memory") else []
+        done, wall, rss = run_sampled(cmd, cwd=REPO_ROOT, env=_env(cfg["threads"]))
         if done.returncode:
             reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
             if "ERROR: layercycle:" not in reason:
@@ -100,7 +133,8 @@ def layercycle_once(alias: str, model: Path, window: int, cfg: dict) -> Row:
         result = json.loads((root / "result.json").read_text())
     windows = [m for m in manifests if m["task"] == "LayerWindow"]
     return Row(name, window, wall, cfg["chunks"] * cfg["ctx"] / wall, result["ppl"],
-               device="+".join(sorted({w["device"] for w in result["placement"]})),
+               device="+".join(sorted({w["device"] for w in result["placement"]})), process_rss_mb=rss,
+               placement=result["placement_text"],
                window_rss_mb=max(m["peak_rss_mb"] for m in windows),
                peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
                boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=_split(manifests))
@@ -124,19 +158,22 @@ def print_table(alias: str, rows: list[Row]) -> None:
     base = rows[0].tokens_per_s if rows[0].window is None else None
     print(f"\n## {alias}\n")
     print("| run | ran on | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB "
-          "| boundary MB | load s | compute s | I/O s | scoring s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| peak RSS process MB | boundary MB | load s | compute s | I/O s | scoring s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.refused:
-            print(f"| {r.name} | - | refused: {r.refused} |" + " |" * 10)
+            print(f"| {r.name} | - | refused: {r.refused} |" + " |" * 11)
             continue
         sp = r.split
         ratio = f"{r.tokens_per_s / base:.2f}" if base else "-"
         cells = [r.name, r.device, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", ratio, f"{r.ppl:.4f}",
-                 *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb)),
+                 *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb, r.process_rss_mb)),
                  f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
                  *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "compute", "io", "scoring"))]
         print("| " + " | ".join(cells) + " |")
+    for r in rows:
+        if r.placement:
+            print(f"\n{r.name}: {r.placement}")
 
 
 def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) -> None:
@@ -149,7 +186,7 @@ def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) ->
         raise UserError("the plot needs matplotlib: pip install -e '.[plot]'") from None
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
     for alias, rows in results.items():
-        cycled = sorted((r.window or n_layers[alias], r) for r in rows if r.window is not None and not r.refused)
+        cycled = sorted((r.window or n_layers[alias], r) for r in rows if isinstance(r.window, int) and not r.refused)
         xs = [x for x, _ in cycled]
         speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=alias)
         if rows[0].window is None:
@@ -177,6 +214,11 @@ def main(argv=None) -> int:
 
             bench_dequantizers(cfg)
             return 0
+        if cfg.get("kind") == "moe-chunk":
+            from .moe_bench import bench_moe_chunks
+
+            bench_moe_chunks(cfg)
+            return 0
         binary = llama_perplexity(cfg["llama_cpp_python"]) if cfg.get("llama_perplexity", True) else None
         results, n_layers = {}, {}
         for alias in cfg["models"]:
@@ -185,8 +227,9 @@ def main(argv=None) -> int:
             print_table(alias, rows)
             results[alias] = rows
             n_layers[alias] = _n_layers(model)
-        plot(results, n_layers, REPO_ROOT / cfg["plot"])
-        print(f"\nplot: {cfg['plot']}")
+        if any(isinstance(r.window, int) for rows in results.values() for r in rows):  # a size axis to plot
+            plot(results, n_layers, REPO_ROOT / cfg["plot"])
+            print(f"\nplot: {cfg['plot']}")
     except UserError as e:
         print(f"layercycle bench: {e}", file=sys.stderr)
         return 1

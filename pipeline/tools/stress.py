@@ -34,7 +34,9 @@ def load_settings(path: Path = CONFIGS / "stress.toml") -> dict:
 
 def pass_args(settings: dict) -> list[str]:
     keys = ("model", "task", "corpus", "ctx", "chunks", "windows_per_chunk", "window_layers", "device")
-    return [arg for k in keys for arg in (f"--{k.replace('_', '-')}", str(settings[k]))]
+    optional = ("compute_dtype", "device_memory")
+    return [arg for k in keys + tuple(k for k in optional if k in settings)
+            for arg in (f"--{k.replace('_', '-')}", str(settings[k]))]
 
 
 def run_pass(run_root: Path, settings: dict, fault: str = "", kill_at: tuple[int, float] | None = None):
