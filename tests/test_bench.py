@@ -134,3 +134,20 @@ def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
     assert calls == ["llama", 0, 4, "llama", 0, "llama", 0]  # in turn; a refusal is not repeated
     assert [r.wall_s for r in rows] == [3.0, 8.0, 0.1]       # medians of (5, 1, 3) and (9, 7, 8)
     assert rows[2].refused == "does not fit"
+
+
+def test_moe_chunk_bench_on_a_tiny_model(capsys, model_path, tmp_path, monkeypatch):
+    """The MoE chunk-size benchmark's table and time split, on a tiny synthetic MoE model."""
+    from pipeline.tools.moe_bench import bench_moe_chunks
+
+    model_path("smollm2-135m")
+    monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)
+    bench_moe_chunks({"model": "moe", "layers": [0, 2], "compute_dtype": "float32", "ctx": 32, "chunk_sizes": [1, 2],
+                      "expert_slices": 2, "repetitions": 1, "profile_chunk": 2,
+                      "synthetic": {"moe": {**SYNTHETIC["qwen3moe"], "tokenizer_from": "smollm2-135m"}}})
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split(" | ") for line in out if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert [r[0] for r in rows] == ["| 1", "| 2"] and all(float(r[1]) > 0 and float(r[3]) > 0 for r in rows)
+    split = next(line for line in out if line.startswith("One chunk of 2 sequences"))
+    shares = [int(part.split()[-1].rstrip("%")) for part in split.split("; ")[1].split(", ")]
+    assert abs(sum(shares) - 100) <= 3 and "GEMMs" in split and shares[0] > 0

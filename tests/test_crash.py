@@ -38,3 +38,15 @@ def test_kill_at_a_random_moment_then_resume(reference, tmp_path):
     settings, numbers = reference
     outcome = kill_and_resume(tmp_path, settings, numbers, kill_at=(4, 0.3))  # after the Embed task's third chunk
     assert outcome.killed and outcome.identical and outcome.worst_task <= 1
+
+
+def test_the_big_model_stress_settings_reach_the_command():
+    """configs/stress-30b.toml's budget and dtype are passed to the pass it kills."""
+    from pipeline.paths import CONFIGS
+    from pipeline.tools.stress import pass_args
+
+    args = pass_args(load_settings(CONFIGS / "stress-30b.toml"))
+    pairs = dict(zip(args[::2], args[1::2]))
+    assert pairs["--device-memory"] == "12GiB" and pairs["--compute-dtype"] == "bfloat16"
+    assert pairs["--window-layers"] == "auto" and pairs["--model"].endswith("synthetic-qwen3-30b-a3b.gguf")
+    assert "--device-memory" not in pass_args(load_settings())
