@@ -9,6 +9,7 @@ The same functions drive the fixed crash tests in tests/test_crash.py.
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -39,9 +40,11 @@ def pass_args(settings: dict) -> list[str]:
             for arg in (f"--{k.replace('_', '-')}", str(settings[k]))]
 
 
-def run_pass(run_root: Path, settings: dict, fault: str = "", kill_at: tuple[int, float] | None = None):
+def run_pass(run_root: Path, settings: dict, fault: str = "", kill_at: tuple[int, float] | None = None,
+             stamps: list[float] | None = None):
     """One `luigi --module pipeline PerplexityRun` process; returns (exit code, stderr lines).
-    `kill_at=(n, delay)` sends SIGKILL `delay` seconds after its n-th line of progress."""
+    `kill_at=(n, delay)` sends SIGKILL `delay` seconds after its n-th line of progress; `stamps`
+    (a list) receives the seconds from the start to each line."""
     cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", *pass_args(settings),
            "--run-root", str(run_root), "--result-json", str(run_root / "result.json")]
     env = {k: v for k, v in os.environ.items() if k != "LAYERCYCLE_FAULT"}
@@ -49,15 +52,17 @@ def run_pass(run_root: Path, settings: dict, fault: str = "", kill_at: tuple[int
         env["LAYERCYCLE_FAULT"] = fault
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
-    lines = []
+    lines, started = [], time.time()
+    n, delay = kill_at if kill_at is not None else (math.inf, 0.0)
+    while len(lines) < n and (line := proc.stderr.readline()):
+        lines.append(line)
+        if stamps is not None:
+            stamps.append(time.time() - started)
     if kill_at is not None:
-        n, delay = kill_at
-        while len(lines) < n and (line := proc.stderr.readline()):
-            lines.append(line)
         time.sleep(delay)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-    lines += proc.stderr.readlines()
+        lines += proc.stderr.readlines()
     proc.wait()
     return proc.returncode, lines
 
@@ -112,20 +117,22 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="layercycle-stress-") as tmp:
         tmp = Path(tmp)
-        started = time.time()
-        code, lines = run_pass(tmp / "reference", settings)
+        stamps = []
+        code, lines = run_pass(tmp / "reference", settings, stamps=stamps)
         if code != 0:
             print("".join(lines), file=sys.stderr)
             return 1
-        # kill moments spread over the whole pass whatever the machine's speed: after a random
-        # line of its progress, plus a random part of the mean time between two lines
-        gap = (time.time() - started) / max(len(lines), 1)
+        # kill moments spread over the whole pass: after a random line of its progress, a random
+        # part of the time the reference pass took to its next line (so the kill falls before
+        # the pass ends, on a machine as fast as it was)
+        gaps = [b - a for a, b in zip(stamps, stamps[1:])]
         reference = result_numbers(tmp / "reference")
         tally = {"kills": 0, "identical results": 0, "chunks recomputed": 0,
                  "most chunks recomputed by one task": 0, "corrupted chunks detected": 0}
         k = 0
         while tally["kills"] < kills and k < 3 * kills:  # a pass that finished first is no kill
-            kill_at = (rng.randrange(len(lines)), rng.uniform(0, 1.5) * gap)
+            n = rng.randrange(1, len(lines))
+            kill_at = (n, rng.uniform(0, 1) * gaps[n - 1])
             o = kill_and_resume(tmp / f"kill-{k}", settings, reference, kill_at=kill_at)
             k += 1
             tally["kills"] += o.killed
