@@ -34,7 +34,7 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
                      experts=16, experts_used=4, expert_ffn=128),
     "nemotron_h_moe": dict(family="nemotron_h_moe", layers=6, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
                            quant="Q4_K", experts=16, experts_used=4, expert_ffn=384, shared_ffn=256,
-                           pattern="ME*EM-", ssm_heads=8, ssm_head_dim=32, ssm_state=32, ssm_groups=2),
+                           pattern="ME*EME", ssm_heads=8, ssm_head_dim=32, ssm_state=32, ssm_groups=2),
 }
 
 
@@ -68,7 +68,8 @@ def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path, family)
         assert values.std() == pytest.approx(gain / np.sqrt(info.shape[-1]), rel=0.02)
     assert kinds <= {Q.Q4_0, Q.Q4_K} and (shape.quant == "Q4_0" or Q.Q4_K in kinds)
     r = run_pipeline(tmp_path / "run", model=str(path), ctx=64, chunks=2, window_layers=2)
-    assert r["model"]["n_layers"] == shape.layers and r["largest_window"]["first"] == 0
+    assert r["model"]["n_layers"] == shape.layers and r["placement"][0]["last"] == 2
+    assert r["largest_window"]["weight_bytes"] > 0
     uniform = np.log(gguf.metadata["tokenizer.ggml.tokens"].count)
     assert uniform + 1 < r["mean_nll"] < uniform + shape.head_gain ** 2
 
@@ -151,3 +152,22 @@ def test_moe_chunk_bench_on_a_tiny_model(capsys, model_path, tmp_path, monkeypat
     split = next(line for line in out if line.startswith("One chunk of 2 sequences"))
     shares = [int(part.split()[-1].rstrip("%")) for part in split.split("; ")[1].split(", ")]
     assert abs(sum(shares) - 100) <= 3 and "GEMMs" in split and shares[0] > 0
+
+
+def test_every_synthetic_shape_in_the_settings_can_be_written():
+    """The [synthetic.*] tables of the benchmark and GPU-check settings are shapes the writer
+    takes (rows of whole Q4_0 blocks, a pattern per layer), checked without writing them."""
+    import tomllib
+
+    from pipeline.paths import CONFIGS
+    from pipeline.tools.synthetic import Shape, check_shape
+
+    tables = {}
+    for path in [CONFIGS / "gpu_check.toml", *sorted((CONFIGS / "bench").glob("*.toml"))]:
+        tables |= tomllib.loads(path.read_text()).get("synthetic", {})
+    assert {"synthetic-moe", "synthetic-hybrid", "synthetic-qwen3-30b-a3b",
+            "synthetic-nemotron-h-30b-a3b", "synthetic-deepseek-v3-layer", "synthetic-7b"} <= set(tables)
+    for table in tables.values():
+        check_shape(Shape(**{k: v for k, v in table.items() if k != "tokenizer_from"}))
+    with pytest.raises(UserError, match="rows of 464 values, no multiple of 32"):
+        check_shape(Shape(**{**SYNTHETIC["nemotron_h_moe"], "expert_ffn": 464}))

@@ -4,7 +4,8 @@ mixture of experts) or one of a family's risky paths on a host with no converter
 
 Families: `llama` (dense), `qwen3moe` (QK-norm attention, softmax-routed SwiGLU experts) and
 `nemotron_h_moe` (a layer pattern of Mamba2 mixers `M`, attention `*` without position encoding,
-sigmoid-routed squared-ReLU experts `E` with a selection bias and a shared expert, dense MLPs `-`).
+sigmoid-routed squared-ReLU experts `E` with a selection bias and a shared expert; as llama.cpp
+reads this family, every feed-forward layer is one of experts).
 The tokenizer is copied from a real GGUF so a pass reads ordinary text. Quantized weights are
 random blocks made from random bytes and fixed scales (nothing is quantized from float data,
 so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
@@ -27,7 +28,7 @@ class Shape:
     family: str = "llama"      # llama, qwen3moe, nemotron_h_moe
     layers: int = 32
     hidden: int = 4096
-    ffn: int = 11008           # dense feed-forward width (llama; nemotron_h_moe's `-` layers)
+    ffn: int = 11008           # dense feed-forward width (llama)
     heads: int = 32
     kv_heads: int = 32
     head_dim: int = 0          # 0: hidden / heads
@@ -37,7 +38,7 @@ class Shape:
     experts_used: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0        # nemotron_h_moe's shared expert
-    pattern: str = ""          # nemotron_h_moe: one of M, E, *, - per layer
+    pattern: str = ""          # nemotron_h_moe: one of M, E, * per layer
     ssm_heads: int = 0         # nemotron_h_moe's Mamba2 mixers
     ssm_head_dim: int = 64
     ssm_state: int = 128
@@ -50,7 +51,7 @@ class Shape:
         return self.head_dim or self.hidden // self.heads
 
     def kind(self, i: int) -> str:
-        """Layer i's op: `M`, `E`, `*` or `-`; in llama and qwen3moe every layer is attention
+        """Layer i's op: `M`, `E` or `*`; in llama and qwen3moe every layer is attention
         and a feed-forward block (`A`)."""
         if self.family == "nemotron_h_moe":
             return self.pattern[i]
@@ -60,13 +61,17 @@ class Shape:
 FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe")
 
 
-def _check(shape: Shape) -> None:
+def check_shape(shape: Shape) -> None:
     if shape.family not in FAMILIES:
         raise UserError(f"synthetic family {shape.family!r} is not one of {', '.join(FAMILIES)}")
     if shape.quant not in ("Q4_0", "Q4_K"):
         raise UserError(f"synthetic quant {shape.quant!r}: Q4_0 or Q4_K")
-    if shape.family == "nemotron_h_moe" and (len(shape.pattern) != shape.layers or set(shape.pattern) - set("ME*-")):
-        raise UserError(f"synthetic nemotron_h_moe: pattern {shape.pattern!r} needs one of M, E, *, - per layer")
+    if shape.family == "nemotron_h_moe" and (len(shape.pattern) != shape.layers or set(shape.pattern) - set("ME*")):
+        raise UserError(f"synthetic nemotron_h_moe: pattern {shape.pattern!r} needs one of M, E, * per layer")
+    block = GGML_QUANT_SIZES[Q.Q4_0][0]
+    for name, dims, qtype, _ in _Tensors(shape, vocab=block).build():
+        if qtype != Q.F32 and dims[-1] % block:
+            raise UserError(f"synthetic model: {name} has rows of {dims[-1]} values, no multiple of {block}")
 
 
 def _blocks(rng: np.random.Generator, qtype: Q, n_values: int, fan_in: int, gain: float) -> np.ndarray:
@@ -109,11 +114,9 @@ class _Tensors:
                 self.attention(p)
             if kind == "A":
                 self.vector(p + "ffn_norm.weight", h)
-                self.experts(p) if s.family == "qwen3moe" else self.mlp(p, gate=True)
+                self.experts(p) if s.family == "qwen3moe" else self.mlp(p)
             elif kind == "E":
                 self.experts(p)
-            elif kind == "-":
-                self.mlp(p, gate=False)
             elif kind == "M":
                 self.mamba2(p)
         return self.list
@@ -128,10 +131,9 @@ class _Tensors:
             self.vector(p + "attn_q_norm.weight", s.key_dim)
             self.vector(p + "attn_k_norm.weight", s.key_dim)
 
-    def mlp(self, p: str, gate: bool) -> None:
+    def mlp(self, p: str) -> None:
         h, f = self.s.hidden, self.s.ffn
-        if gate:
-            self.matrix(p + "ffn_gate.weight", f, h)
+        self.matrix(p + "ffn_gate.weight", f, h)
         self.matrix(p + "ffn_up.weight", f, h)
         self.matrix(p + "ffn_down.weight", h, f)
 
@@ -201,7 +203,7 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
     w.add_rope_dimension_count(s.key_dim)
     w.add_vocab_size(vocab)
     if s.family == "nemotron_h_moe":     # per-layer widths and KV heads say which op a layer is
-        w.add_feed_forward_length([{"E": s.expert_ffn, "-": s.ffn}.get(k, 0) for k in s.pattern])
+        w.add_feed_forward_length([s.expert_ffn if k == "E" else 0 for k in s.pattern])
         w.add_head_count_kv([s.kv_heads if k == "*" else 0 for k in s.pattern])
         w.add_layer_norm_eps(1e-5)
         w.add_ssm_conv_kernel(s.conv_kernel)
@@ -224,7 +226,7 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
 
 def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: int = 0) -> Path:
     """Write the model to `path` (via a temporary name, so a killed write never looks finished)."""
-    _check(shape)
+    check_shape(shape)
     source = GGUFIndex(tokenizer_from)
     vocab = source.metadata[Keys.Tokenizer.LIST].count
     partial = path.with_name(path.name + ".partial")
