@@ -574,11 +574,8 @@ class PerplexityRun(RunTask):
         def pack(dev: str, first: int, last: int) -> list:
             import torch
 
-            dtype = getattr(torch, dtypes[dev])
-            per_layer, experts = [0] * hp.n_layers, [(0, 0)] * hp.n_layers
-            for i in range(first, last):
-                per_layer[i] = preflight.layer_weight_bytes(s.gguf, i, dtype)
-                experts[i] = preflight.layer_experts(s.gguf, i, dtype)
+            per_layer, experts = preflight.layer_costs(s.gguf, hp.n_layers, getattr(torch, dtypes[dev]),
+                                                       range(first, last))
             what = "--device-memory" if dev in caps else f"the {dev} budget ({preflight.AUTO_SHARE[dev]:.0%} of it)"
             return pack_windows(per_layer, fixed, preflight.device_budget(dev, caps.get(dev)), first, last, dev,
                                 what, experts)

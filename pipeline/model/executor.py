@@ -19,10 +19,8 @@ class WindowExecutor:
             raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
         self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
         # > 1: each MoE layer's routed experts are read in this many slices while it runs
-        slices = expert_slices if any(arch.specs[i].ffn == "moe" for i in range(first, last)) else 1
-        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device, slices)
-        self.layers = [arch.load_layer(i, self.device, dtype, self.weights, slices if arch.specs[i].ffn == "moe" else 1)
-                       for i in range(first, last)]
+        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device, expert_slices)
+        self.layers = [arch.load_layer(i, self.device, dtype, self.weights, expert_slices) for i in range(first, last)]
         self.weight_bytes = sum(layer.nbytes for layer in self.layers)
         self._tables: dict[int, Tables] = {}
 

@@ -116,6 +116,16 @@ def layer_experts(gguf: GGUFIndex, i: int, dtype) -> tuple[int, int]:
     return sum(tensor_bytes(gguf.tensors[n], dtype) for n in names.values()), gguf.tensors[names["down"]].shape[0]
 
 
+def layer_costs(gguf: GGUFIndex, n_layers: int, dtype, layers: range | None = None) -> tuple[list, list]:
+    """Per layer of the trunk: its weight bytes for compute in `dtype` and its routed experts'
+    (bytes, count); zeros outside `layers` (default: every layer)."""
+    layers = range(n_layers) if layers is None else layers
+    per_layer, experts = [0] * n_layers, [(0, 0)] * n_layers
+    for i in layers:
+        per_layer[i], experts[i] = layer_weight_bytes(gguf, i, dtype), layer_experts(gguf, i, dtype)
+    return per_layer, experts
+
+
 def check_windows_fit(windows, per_layer: list[int], fixed: int, dtype_names: dict[str, str],
                       available: dict[str, int], experts: list[tuple[int, int]] | None = None) -> None:
     """Refuse the placement when a window's weights plus `fixed` exceed its device's memory.
@@ -150,8 +160,7 @@ def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: in
         free = available_bytes(device)
         usable[device] = min(free, caps[device]) if device in caps else free
     for device in sorted(usable):
-        per_layer = [layer_weight_bytes(gguf, i, dtypes[device]) for i in range(n_layers)]
-        experts = [layer_experts(gguf, i, dtypes[device]) for i in range(n_layers)]
+        per_layer, experts = layer_costs(gguf, n_layers, dtypes[device])
         check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names, usable,
                           experts)
     last = windows[-1].device

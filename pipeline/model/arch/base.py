@@ -25,7 +25,7 @@ from ..scoring import WIDENED_SLICE_BYTES
 from ..weight_block import WeightBlock, held_dtype
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_computed
 from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
-from .experts import HeldExperts, SlicedExperts, expert_tensor_names
+from .experts import HeldExperts, SlicedExperts, expert_tensor_names, split_gate_up
 from .ffn import MLP, MoE, Routing
 from .rope import RopeSpec, read_rope, rope_tables
 from .shapes import check_shapes, qkv_rows
@@ -313,7 +313,7 @@ class DecoderArch:
             t.read.update(names.values())
             return SlicedExperts(self.gguf, names, t.expert_slices, t.device, t.dtype, t.weights)
         if fused:
-            gate, up = t(MT.FFN_GATE_UP_EXP).chunk(2, dim=1)                      # [E, ff, hidden] each
+            gate, up = split_gate_up(t(MT.FFN_GATE_UP_EXP))
         else:
             up, gate = t(MT.FFN_UP_EXP), t(MT.FFN_GATE_EXP, required=False)
         return HeldExperts(up, t(MT.FFN_DOWN_EXP), gate)

@@ -21,6 +21,13 @@ from .blocks import Weights
 EXPERT_TENSORS = {"gate_up": MT.FFN_GATE_UP_EXP, "up": MT.FFN_UP_EXP, "gate": MT.FFN_GATE_EXP, "down": MT.FFN_DOWN_EXP}
 
 
+def split_gate_up(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fused [E, 2 ff, hidden] gate-and-up tensor (the converter's --fuse-gate-up-exps) -> gate
+    and up, [E, ff, hidden] each: the gate's rows come first."""
+    gate, up = gate_up.chunk(2, dim=1)
+    return gate, up
+
+
 def expert_tensor_names(gguf: GGUFIndex, i: int) -> dict[str, str]:
     """Role ("gate_up", "up", "gate", "down") -> name of each routed-expert tensor block `i` has."""
     names = {role: TENSOR_NAMES[kind].format(bid=i) + ".weight" for role, kind in EXPERT_TENSORS.items()}
@@ -51,11 +58,9 @@ class SlicedExperts(Weights):
         self.per_slice = math.ceil(self.n_experts / n_slices)
         scratch = {}
         for role, name in names.items():
-            shape = (self.per_slice, *gguf.tensors[name].shape[1:])
-            dt = held_dtype(name, dtype)
-            scratch[role] = (weights.take(shape, dt) if weights is not None else None)
-            if scratch[role] is None:
-                scratch[role] = torch.empty(shape, dtype=dt, device=device)
+            shape, dt = (self.per_slice, *gguf.tensors[name].shape[1:]), held_dtype(name, dtype)
+            view = weights.take(shape, dt) if weights is not None else None
+            scratch[role] = view if view is not None else torch.empty(shape, dtype=dt, device=device)
         super().__init__(scratch)
 
     def describe(self) -> str:
@@ -72,7 +77,7 @@ class SlicedExperts(Weights):
                 info, out = self.gguf.tensors[name], self.w[role][:b - a]
                 loaded[role] = dequantize(self.gguf.raw(name)[a:b], info.qtype, self.device, name, out.dtype, out=out)
                 self.gguf.release_pages(name)
-            if "gate_up" in loaded:                                           # [n, 2 ff, hidden]: gate rows, then up
-                loaded["gate"], loaded["up"] = loaded.pop("gate_up").chunk(2, dim=1)
+            if "gate_up" in loaded:
+                loaded["gate"], loaded["up"] = split_gate_up(loaded.pop("gate_up"))
             yield a, loaded["up"], loaded["down"], loaded.get("gate")
 
