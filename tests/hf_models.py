@@ -2,9 +2,10 @@
 
 The converter (from llama-cpp-python's sdist, cached outside the repository) fixes the GGUF
 conventions -- tensor layouts, signs of A, norm offsets, head orders -- so our readers are
-checked against the format's owner. The one thing bypassed is its tokenizer fingerprint check:
-our 384-token byte-level BPE (Qwen2 pre-tokenizer regex, trained on pydoc topics) is unknown to
-it, and is declared "qwen2".
+checked against the format's owner. The one thing bypassed is the tokenizer: our 384-token
+byte-level BPE (Qwen2 pre-tokenizer regex, trained on pydoc topics) is unknown to its
+fingerprint check, and is declared "qwen2"; a family whose converter wants a sentencepiece
+file (ERNIE) gets the same BPE.
 
 Weights use a larger init scale than the default so that predictions are far from uniform: a
 broken layer then moves the logits instead of hiding under ln(vocab).
@@ -28,12 +29,13 @@ import runpy, sys
 sys.path.insert(0, {llama!r})
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
+conversion.base.TextModel._set_vocab_sentencepiece = conversion.base.TextModel._set_vocab_gpt2
 sys.argv = ["convert_hf_to_gguf.py", *{args!r}]
 runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
 
-def write_tokenizer(out: Path) -> None:
+def write_tokenizer(out: Path, special: tuple[str, ...] = ()) -> None:
     import pydoc_data.topics
 
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -49,7 +51,7 @@ def write_tokenizer(out: Path) -> None:
     text = "\n".join(list(pydoc_data.topics.topics.values())[:40])
     tok.train_from_iterator([text], trainers.BpeTrainer(
         vocab_size=VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>"], show_progress=False))
+        special_tokens=["<|endoftext|>", *special], show_progress=False))
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(out)
 
 
@@ -59,11 +61,85 @@ def _common(**kw) -> dict:
                 eos_token_id=0, bos_token_id=0, pad_token_id=0, **kw)
 
 
+def _deepseek(**kw) -> dict:
+    """A tiny DeepSeek-V3: MLA (4 heads, nope 16 + rope 8, values 16, KV rank 32), YaRN x4 with
+    mscale, one dense layer then three of sigmoid-routed experts in 4 groups of 2 (2 groups
+    used) with a shared expert."""
+    base = _common(intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_shared_experts=1,
+                   n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                   norm_topk_prob=True, first_k_dense_replace=1, kv_lora_rank=32, qk_rope_head_dim=8,
+                   qk_nope_head_dim=16, v_head_dim=16, rope_interleave=True,
+                   rope_parameters=dict(YARN, mscale=0.8, mscale_all_dim=0.8))
+    base.pop("head_dim")
+    return base | dict(num_key_value_heads=4) | kw
+
+
 def _qwen_linear(**kw) -> dict:
     return _common(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
                    linear_num_key_heads=2, linear_num_value_heads=4,
                    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
                    num_hidden_layers=4, **kw)
+
+
+def unrotate_fourth_axis(model) -> None:
+    """Qwen3-VL's text RoPE as llama.cpp computes it: ggml puts the pairs past three times each
+    section on the fourth axis, whose text position is 0 (rope.text_unrotated_pairs), where
+    transformers rotates them with the token's position."""
+    from pipeline.model.arch.rope import text_unrotated_pairs
+
+    rotary = model.model.language_model.rotary_emb
+    pairs = text_unrotated_pairs(rotary.mrope_section, rotary.inv_freq.shape[0], interleaved=True)
+    rotary.inv_freq[list(pairs)] = 0.0
+
+
+def hub_expert_layout(out: Path) -> None:
+    """Qwen3-VL-MoE's experts as its published checkpoints (and so the converter) lay them out:
+    gate_up_proj [E, hidden, 2 ff] and down_proj [E, ff, hidden], where transformers 5 saves
+    their transposes."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    for name in tensors:
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            tensors[name] = tensors[name].transpose(1, 2).contiguous()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def minimax_hub_layout(out: Path) -> None:
+    """MiniMax-M2's experts as its published checkpoints (and so the converter) hold them: one
+    w1 (gate), w3 (up) and w2 (down) per expert under block_sparse_moe, beside its gate and
+    selection bias, where transformers 5 saves stacked mlp.experts tensors."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    hub = {}
+    for name, t in load_file(path).items():
+        prefix, _, rest = name.partition(".mlp.")
+        if not rest:
+            hub[name] = t
+        elif rest == "experts.gate_up_proj":          # [E, 2 ff, hidden]: gate rows, then up rows
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                hub[f"{prefix}.block_sparse_moe.experts.{e}.w1.weight"] = gate[e].contiguous()
+                hub[f"{prefix}.block_sparse_moe.experts.{e}.w3.weight"] = up[e].contiguous()
+        elif rest == "experts.down_proj":             # [E, hidden, ff]
+            for e in range(t.shape[0]):
+                hub[f"{prefix}.block_sparse_moe.experts.{e}.w2.weight"] = t[e].contiguous()
+        else:
+            hub[f"{prefix}.block_sparse_moe.{rest}"] = t
+    save_file(hub, path, metadata={"format": "pt"})
+
+
+def wide_expert_gates(model) -> None:
+    """gpt-oss experts whose gate and up projections often pass the SwiGLU clamp (+-7)."""
+    for layer in model.model.layers:
+        layer.mlp.experts.gate_up_proj.mul_(4)
+
+
+# the smallest Qwen3-VL vision tower: the converter takes the text trunk and its deepstack count
+TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                   deepstack_visual_indexes=[0])
 
 
 @dataclass
@@ -73,11 +149,76 @@ class Spec:
     raw_config: dict = field(default_factory=dict)   # keys written into config.json for the converter
     drop_keys: tuple = ()                            # keys removed from config.json for the converter
     convert_args: tuple = ()
+    special_tokens: tuple = ()                       # added to the tokenizer (a converter may look them up)
+    multimodal: str = ""             # a transformers class with a vision tower: `kwargs` are its text_config
+    reference: object = None         # applied to the transformers model, where llama.cpp defines the file otherwise
+    checkpoint: object = None        # applied to the saved checkpoint's folder, for the converter
+    prepare: object = None           # applied to the random model before it is saved
 
 
 YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, rope_theta=10000.0)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 SPECS = {
+    # transformers' DeepSeek-V3 always routes by sigmoid and leaves scoring_func out of
+    # config.json; without it the converter writes no gating function and llama.cpp routes by
+    # softmax, as for DeepSeek-V2 files
+    "deepseek2": Spec("DeepseekV3Config", _deepseek(q_lora_rank=48), raw_config={"scoring_func": "sigmoid"}),
+    # "lite": queries from one projection, no q_lora_rank
+    "deepseek2_lite": Spec("DeepseekV3Config", _deepseek(q_lora_rank=None), raw_config={"scoring_func": "sigmoid"}),
+    # GLM-4.5: partial RoPE, QKV bias, QK-norm, one dense layer, sigmoid routing with a shared
+    # expert; the converter looks up GLM's special tokens
+    "glm4moe": Spec("Glm4MoeConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=1, topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        first_k_dense_replace=1, use_qk_norm=True, attention_bias=True, num_nextn_predict_layers=0,
+        rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default")),
+        special_tokens=("[gMASK]", "<|user|>", "<|observation|>")),
+    # Ministral 3: YaRN with mscale_all_dim 2 and beta_fast 2 (which moves the ramp's start at this
+    # size), the attention temperature past the original 64 positions (beta 0.5: the tests score 150)
+    "mistral3": Spec("Ministral3Config", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=64, rope_theta=10000.0, beta_fast=2.0,
+        beta_slow=1.0, mscale=1.0, mscale_all_dim=2.0, llama_4_scaling_beta=0.5)),
+        raw_config={"architectures": ["Ministral3ForCausalLM"]}),
+    # the Qwen3-VL text trunk: sections [4, 1, 1] put pairs 4 and 5 of 8 on the fourth axis (a low
+    # RoPE base makes their rotation count)
+    "qwen3vl": Spec("Qwen3VLConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
+        rope_type="default", rope_theta=10.0, mrope_section=[4, 1, 1], mrope_interleaved=True)),
+        multimodal="Qwen3VLForConditionalGeneration", reference=unrotate_fourth_axis),
+    "qwen3vlmoe": Spec("Qwen3VLMoeConfig", _common(
+        intermediate_size=96, num_hidden_layers=3, decoder_sparse_step=1, mlp_only_layers=[], num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, rope_parameters=dict(
+            rope_type="default", rope_theta=10.0, mrope_section=[4, 1, 1], mrope_interleaved=True)),
+        multimodal="Qwen3VLMoeForConditionalGeneration", reference=unrotate_fourth_axis,
+        checkpoint=hub_expert_layout),
+    # gpt-oss: a window of 32 on layers 0 and 2 (the tests score 150 positions), YaRN x4 computed as
+    # llama.cpp does, with the correction dims floored and ceiled (transformers' gpt-oss default
+    # is truncate=False)
+    "gpt-oss": Spec("GptOssConfig", _common(
+        intermediate_size=32, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=32,
+        layer_types=["sliding_attention", "full_attention"] * 2, attention_bias=True,
+        rope_parameters=dict(YARN, beta_fast=32.0, beta_slow=1.0, truncate=True)), prepare=wide_expert_gates),
+    # MiniMax-M2: QK-norm over all heads, half of each head rotated, sigmoid routing with a bias
+    "minimax-m2": Spec("MiniMaxM2Config", _common(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+        raw_config={"rotary_dim": 8, "scoring_func": "sigmoid"}, checkpoint=minimax_hub_layout),
+    # Llama 4: layer 3 without RoPE, QK L2-norm, experts on layers 1 and 3 (top-1, sigmoid) with a
+    # shared expert; 8192-token chunks and the temperature (past 8191) as llama.cpp fixes them
+    "llama4": Spec("Llama4TextConfig", _common(
+        num_hidden_layers=4, intermediate_size=32, intermediate_size_mlp=96, num_local_experts=4,
+        num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0], use_qk_norm=True,
+        attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
+        layer_types=["chunked_attention"] * 3 + ["full_attention"],
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # ERNIE 4.5 MoE: past one dense layer, experts on every second layer (1 and 3 of 0-4), softmax
+    # with a selection bias, two shared experts
+    "ernie4_5-moe": Spec("Ernie4_5_MoeConfig", _common(
+        num_hidden_layers=5, intermediate_size=96, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
+        moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=4, moe_layer_interval=2,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
+    # rows of whole K-quant blocks in every expert tensor
+    "deepseek2_wide": Spec("DeepseekV3Config", _deepseek(q_lora_rank=48, hidden_size=256, moe_intermediate_size=256),
+                           raw_config={"scoring_func": "sigmoid"}),
     "qwen3": Spec("Qwen3Config", _common(intermediate_size=96, num_hidden_layers=3)),
     "qwen3moe": Spec("Qwen3MoeConfig", _common(intermediate_size=96, num_hidden_layers=3, decoder_sparse_step=1,
                                                 mlp_only_layers=[], **MOE)),
@@ -129,15 +270,26 @@ def build_hf(name: str, out: Path, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     spec = SPECS[name]
-    config = getattr(transformers, spec.config)(**spec.kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, experts_implementation="eager").eval()
-    with torch.no_grad():  # random norm weights and biases too, so that none of them is a no-op
-        for pname, p in model.named_parameters():
-            if p.dim() == 1 and ("norm" in pname or "bias" in pname):
+    if spec.multimodal:
+        config = getattr(transformers, spec.config)(text_config=spec.kwargs, vision_config=TINY_VISION,
+                                                    tie_word_embeddings=False)
+        model = getattr(transformers, spec.multimodal)._from_config(config, dtype=torch.float32).eval()
+    else:
+        config = getattr(transformers, spec.config)(**spec.kwargs)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, experts_implementation="eager").eval()
+    with torch.no_grad():  # random norm weights and biases too (routers' selection biases are buffers)
+        for pname, p in [*model.named_parameters(), *model.named_buffers()]:
+            if p.is_floating_point() and (("norm" in pname and p.dim() == 1) or "bias" in pname):
                 p.add_(torch.randn_like(p) * INIT)
+        if spec.prepare is not None:
+            spec.prepare(model)
     model.save_pretrained(out)
-    write_tokenizer(out)
+    if spec.checkpoint is not None:
+        spec.checkpoint(out)
+    if spec.reference is not None:
+        spec.reference(model)
+    write_tokenizer(out, spec.special_tokens)
     cfg_path = out / "config.json"
     cfg = json.loads(cfg_path.read_text())
     for key in spec.drop_keys:

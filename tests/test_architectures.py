@@ -15,14 +15,20 @@ from pipeline.model.executor import WindowExecutor
 from .helpers import forward, random_ids, run_pipeline
 from .tiny_gguf import rewrite_gguf
 
-ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe"]
+ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe",
+         "deepseek2", "deepseek2_lite", "glm4moe", "mistral3", "qwen3vl", "qwen3vlmoe",
+         "gpt-oss", "minimax-m2", "llama4", "ernie4_5-moe"]
+# the largest open families, each also placed with --gpu-layers
+SPLIT = ["deepseek2", "glm4moe", "mistral3", "qwen3vlmoe", "gpt-oss", "minimax-m2", "llama4",
+         "ernie4_5-moe"]
 HYBRIDS = ["qwen3next", "qwen35", "nemotron_h"]
-EXPECTED_ARCH = {"mixtral": "llama"}
+EXPECTED_ARCH = {"mixtral": "llama", "deepseek2_lite": "deepseek2"}
 # Both sides compute float32 over the same float32 weights; they differ by rounding order.
 # Measured max |diff| on logits of magnitude ~10: <= 5e-5 for attention/Mamba2 models, up to
 # 1.7e-3 for Gated DeltaNet ones, whose own float32 and float64 runs differ by as much (the
 # decays and L2 norms amplify rounding). A wrong layout, sign or norm offset moves logits by > 0.1.
-ATOL = {"qwen3next": 5e-3, "qwen35": 5e-3, "qwen35moe": 5e-3}
+# gpt-oss: up to 1.6e-4, its sinks' softmax and clamped experts summed in another order.
+ATOL = {"qwen3next": 5e-3, "qwen35": 5e-3, "qwen35moe": 5e-3, "gpt-oss": 4e-4}
 DEFAULT_ATOL = 2e-4
 
 
@@ -50,6 +56,20 @@ def test_cycled_equals_whole_bit_for_bit(name, tiny_model, tmp_path):
         assert len(cycled["placement"]) == -(-n_layers // size)
         assert [w["mean_nll"] for w in cycled["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
         assert cycled["mean_nll"] == whole["mean_nll"]
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_gpu_layers_placements_on_the_cpu_equal_the_whole_trunk(name, tiny_model, tmp_path):
+    # --gpu-layers 2 --first-layer 1 with the CPU standing in for the device: the layers before
+    # and after the placed ones run in CPU windows of their own
+    _, path = tiny_model(name)
+    common = dict(model=str(path), ctx=64, chunks=4)
+    whole = run_pipeline(tmp_path, window_layers=0, **common)
+    split = run_pipeline(tmp_path, gpu_layers=2, first_layer=1, window_layers=1, **common)
+    n_layers = whole["model"]["n_layers"]
+    after = [(3, n_layers)] if n_layers > 3 else []
+    assert [(w["first"], w["last"]) for w in split["placement"]] == [(0, 1), (1, 2), (2, 3), *after]
+    assert split["mean_nll"] == whole["mean_nll"]
 
 
 def nll_without_and_with_reset(path, n_sequences: int) -> tuple[float, float]:
@@ -92,31 +112,39 @@ def dequantized_twin(src, dst):
     return rewrite_gguf(src, dst, to_f32)
 
 
-def random_q4_k_experts(src, dst):
-    """Expert tensors replaced by random Q4_K blocks (small scales), the rest unchanged."""
+# the first bytes of each block of random experts: small scales, so that the values stay modest
+BLOCK_HEADERS = {Q.Q4_K: np.array([5e-4, 5e-4], dtype=np.float16).view(np.uint8),   # d, dmin
+                 Q.MXFP4: np.array([120], dtype=np.uint8)}                              # e8m0 exponent: 2^-8
+
+
+def random_experts(src, dst, qtype=Q.Q4_K):
+    """Expert tensors replaced by random `qtype` blocks (BLOCK_HEADERS' scales), the rest unchanged."""
     rng = np.random.default_rng(0)
-    block, size = quants.GGML_QUANT_SIZES[Q.Q4_K]
+    block, size = quants.GGML_QUANT_SIZES[qtype]
+    header = BLOCK_HEADERS[qtype]
 
-    def to_q4_k(name, qtype, data):
-        if "_exps" not in name:
-            return data, qtype
+    def to_random(name, q, data):
+        if "_exps.weight" not in name:
+            return data, q
         raw = rng.integers(0, 256, (*data.shape[:-1], data.shape[-1] // block * size), dtype=np.uint8)
-        raw.reshape(-1, size)[:, :4] = np.array([5e-4, 5e-4], dtype=np.float16).view(np.uint8)  # d, dmin
-        return raw, Q.Q4_K
-    return rewrite_gguf(src, dst, to_q4_k)
+        raw.reshape(-1, size)[:, :header.size] = header
+        return raw, qtype
+    return rewrite_gguf(src, dst, to_random)
 
 
-def test_q8_0_experts_equal_their_gguf_py_dequantization(tiny_model, tmp_path):
-    _, path = tiny_model("qwen3moe", "q8_0")
+@pytest.mark.parametrize("name", ["qwen3moe", *SPLIT])
+def test_q8_0_files_equal_their_gguf_py_dequantization(name, tiny_model, tmp_path):
+    _, path = tiny_model(name, "q8_0")
     index = GGUFIndex(path)
-    assert index.tensors["blk.0.ffn_up_exps.weight"].qtype == Q.Q8_0
+    experts = {t.qtype for n, t in index.tensors.items() if n.endswith("_exps.weight")}
+    assert Q.Q8_0 in {t.qtype for n, t in index.tensors.items() if n.startswith("blk.")} and experts <= {Q.Q8_0}
     ids = random_ids()
     assert torch.equal(forward(path, ids), forward(dequantized_twin(path, tmp_path / "twin.gguf"), ids))
 
 
 def test_q4_k_experts_equal_their_gguf_py_dequantization(tiny_model, tmp_path):
     _, path = tiny_model("qwen3moe_wide")
-    q4k = random_q4_k_experts(path, tmp_path / "q4k.gguf")
+    q4k = random_experts(path, tmp_path / "q4k.gguf")
     assert GGUFIndex(q4k).tensors["blk.1.ffn_down_exps.weight"].qtype == Q.Q4_K
     ids = random_ids()
     logits = forward(q4k, ids)
@@ -124,16 +152,20 @@ def test_q4_k_experts_equal_their_gguf_py_dequantization(tiny_model, tmp_path):
     assert torch.equal(logits, forward(dequantized_twin(q4k, tmp_path / "twin.gguf"), ids))
 
 
-def test_a_window_holds_only_its_layers_weights(tiny_model, tmp_path):
-    _, path = tiny_model("qwen3moe")
+@pytest.mark.parametrize("name", ["qwen3moe", "deepseek2", "gpt-oss"])   # + latent attention, + sinks and biases
+def test_a_window_holds_only_its_layers_weights(name, tiny_model, tmp_path):
+    _, path = tiny_model(name)
     index = GGUFIndex(path)
     arch = load_architecture(index)
 
-    def layer_bytes(i):  # float32 compute: four bytes per element of the block's tensors
-        return sum(4 * int(np.prod(t.shape)) for n, t in index.tensors.items() if n.startswith(f"blk.{i}."))
-    assert WindowExecutor(arch, 1, 3, "cpu", torch.float32).weight_bytes == layer_bytes(1) + layer_bytes(2)
+    def window_bytes(a, b):  # float32 compute: four bytes per element of the blocks' tensors
+        return sum(4 * int(np.prod(t.shape)) for n, t in index.tensors.items()
+                   if n.startswith("blk.") and a <= int(n.split(".")[1]) < b)
+    assert WindowExecutor(arch, 1, 3, "cpu", torch.float32).weight_bytes == window_bytes(1, 3)
     r = run_pipeline(tmp_path, model=str(path), ctx=64, chunks=2, window_layers=2)
-    assert r["largest_window"] == {"first": 0, "last": 2, "weight_bytes": layer_bytes(0) + layer_bytes(1)}
+    largest = r["largest_window"]
+    assert largest["weight_bytes"] == window_bytes(largest["first"], largest["last"])
+    assert largest["weight_bytes"] == max(window_bytes(a, a + 2) for a in range(0, arch.hp.n_layers, 2))
 
 
 @pytest.mark.parametrize("name", ARCHS)

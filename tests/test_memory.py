@@ -98,6 +98,16 @@ def test_sliding_window_attention_counts_the_math_kernels_scores(model_path):
     assert act(1024) - 2 * act(512) == 10 * scores_512
 
 
+def test_attention_sinks_count_three_score_tensors(tiny_model):
+    """gpt-oss's sink attention holds its scores, masked scores with the sink column and their
+    softmax at any length: three score tensors, also where no layer's window is shorter than ctx."""
+    from pipeline.gguf_io.reader import GGUFIndex
+
+    gguf = GGUFIndex(tiny_model("gpt-oss")[1])                     # sliding window 32
+    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, 4)   # noqa: E731
+    assert act(32) - 2 * act(16) == 2 * 3 * 4 * 4 * 4 * 16 * 16     # = (4 - 2) x 3 scores(16)
+
+
 def test_window_tasks_hold_flat_memory_below_the_whole_trunk(tmp_path):
     """Each window task's peak RSS (its own, in the one worker process a user's run has) is the
     same from the first window to the last and well below the whole trunk's."""

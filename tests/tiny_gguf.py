@@ -37,11 +37,12 @@ def write_tiny_gguf(path, arch: str = "llama", ffn_up_type: GGMLQuantizationType
     return path
 
 
-def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None):
+def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None, extra: dict | None = None):
     """Copy a GGUF with each tensor replaced by transform(name, qtype, data) -> (data, qtype),
     (data, qtype, new name) or None to leave it out (data as gguf-py's reader holds it; no
-    transform: unchanged), and the metadata keys in `metadata` set to their values (None:
-    removed; a new key's type follows the Python value's)."""
+    transform: unchanged), the tensors of `extra` (name -> (data, qtype)) added, and the
+    metadata keys in `metadata` set to their values (None: removed; a new key's type follows the
+    Python value's)."""
     from gguf import GGUFReader, GGUFValueType
 
     metadata = dict(metadata or {})
@@ -66,6 +67,8 @@ def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None):
         if new is not None:
             data, qtype, name = (*new, t.name)[:3]
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+    for name, (data, qtype) in (extra or {}).items():
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

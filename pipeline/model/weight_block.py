@@ -17,9 +17,11 @@ from ..gguf_io.reader import GGUFIndex
 
 ALIGN = 64  # bytes: every tensor starts on a cache line
 # held in float32 (or wider) whatever the compute dtype: norm weights (Gemma's stored 1 + w too),
-# routers and selection biases, the recurrent layers' A, D and dt bias; what reads them computes
-# in float32, so rounding them to 16 bits first would lose bits that are never recovered
-WIDE = ("_norm.weight", "ffn_gate_inp.weight", "exp_probs_b.bias", ".ssm_a", ".ssm_d", "ssm_dt.bias")
+# routers (with their biases) and selection biases, attention sinks, the recurrent layers' A, D
+# and dt bias; what reads them computes in float32, so rounding them to 16 bits first would lose
+# bits that are never recovered
+WIDE = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias", "attn_sinks.weight",
+        ".ssm_a", ".ssm_d", "ssm_dt.bias")
 
 
 def held_dtype(name: str, dtype: torch.dtype) -> torch.dtype:

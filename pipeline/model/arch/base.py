@@ -10,7 +10,7 @@ embedding rows or the head are asked for.
 """
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -23,11 +23,20 @@ from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
 from ..scoring import WIDENED_SLICE_BYTES
 from ..weight_block import WeightBlock, held_dtype
-from .audit import GATING_CODES, NEUTRAL, close_to, equals, refuse_settings_not_computed
-from .blocks import Attention, AttentionSpec, Weights, causal_mask, module_bytes, rms_norm
+from .audit import GATING_CODES, NEUTRAL, close_to, equals, never, refuse_settings_not_computed
+from .blocks import (
+    Attention,
+    AttentionSpec,
+    Temperature,
+    Weights,
+    causal_mask,
+    module_bytes,
+    rms_norm,
+    temperature_factors,
+)
 from .experts import HeldExperts, SlicedExperts, expert_tensor_names, split_gate_up
 from .ffn import MLP, MoE, Routing
-from .rope import RopeSpec, read_rope, rope_tables
+from .rope import RopeSpec, read_rope, rope_tables, text_unrotated_pairs
 from .shapes import check_shapes, qkv_rows
 
 MT = MODEL_TENSOR
@@ -55,21 +64,27 @@ class HParams:
 
 
 class Tables:
-    """RoPE tables and attention masks of one sequence length, built once per layer-window task."""
+    """RoPE tables, attention masks and query temperatures of one sequence length, built once per
+    layer-window task."""
 
     def __init__(self, n_pos: int, device, dtype):
         self.n_pos, self.device, self.dtype = n_pos, device, dtype
-        self._rope, self._mask = {}, {}
+        self._rope, self._mask, self._temperature = {}, {}, {}
 
     def rope(self, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
         if spec not in self._rope:
             self._rope[spec] = rope_tables(spec, self.n_pos, self.device, self.dtype)
         return self._rope[spec]
 
-    def mask(self, span: int | None) -> torch.Tensor | None:
-        if span not in self._mask:
-            self._mask[span] = causal_mask(self.n_pos, span, self.device)
-        return self._mask[span]
+    def mask(self, span: int | None, chunk: int | None = None) -> torch.Tensor | None:
+        if (span, chunk) not in self._mask:
+            self._mask[span, chunk] = causal_mask(self.n_pos, span, self.device, chunk)
+        return self._mask[span, chunk]
+
+    def temperature(self, t: Temperature) -> torch.Tensor:
+        if t not in self._temperature:
+            self._temperature[t] = temperature_factors(t, self.n_pos, self.device, self.dtype)
+        return self._temperature[t]
 
 
 def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock | None = None) -> torch.Tensor:
@@ -156,10 +171,14 @@ class DecoderArch:
     expert_gating = "softmax"   # how router logits become expert weights (llama.cpp fixes it per family)
     honours: frozenset[str] = frozenset()   # keys of audit.NEUTRAL the family computes
     fused_gate_up_experts = False           # llama.cpp loads ffn_gate_up_exps for this family
+    ffn_norm = MT.FFN_NORM                  # the FFN's pre-norm (some families store it as the post-attention norm)
+    swa_period = 0                          # families with sliding-window layers: the last of each period is global
+    multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
         self.hp = self.read_hparams()
+        self.expert_gating = self.read_gating()
         refuse_settings_not_computed(self)
         self.groups = self.expert_groups()
         self.specs = [self.layer_spec(i) for i in range(self.hp.n_layers)]
@@ -168,8 +187,11 @@ class DecoderArch:
     def settings_not_computed(self) -> dict:
         """The settings this family does not compute, each with the test of a value that
         leaves its math unchanged (audit.py)."""
+        gating = GATING_CODES.get(self.expert_gating)   # None: llama.cpp fixes one the key cannot name
         neutral = {**NEUTRAL, Keys.Attention.SCALE: close_to(self.attention_scale()),
-                   Keys.LLM.EXPERT_GATING_FUNC: equals(GATING_CODES[self.expert_gating])}
+                   Keys.LLM.EXPERT_GATING_FUNC: equals(gating) if gating is not None else never}
+        if self.multi_axis_rope:
+            del neutral[Keys.Rope.DIMENSION_SECTIONS]
         return {key: test for key, test in neutral.items() if key not in self.honours}
 
     # -- metadata --------------------------------------------------------------------------
@@ -208,6 +230,10 @@ class DecoderArch:
         return LayerSpec(i, "attention", self.ffn_kind(i), self.attention_spec(i))
 
     def ffn_kind(self, i: int) -> str:
+        """Families that read leading_dense_block_count: dense below it, experts from it on (as
+        llama.cpp's loaders); the others: experts where the block has a router."""
+        if Keys.LLM.LEADING_DENSE_BLOCK_COUNT in self.honours:
+            return "mlp" if i < int(self.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0)) else "moe"
         return "moe" if self.has_tensor(i, MT.FFN_GATE_INP) else "mlp"
 
     def attention_spec(self, i: int) -> AttentionSpec:
@@ -216,6 +242,20 @@ class DecoderArch:
                              key_dim=self.hp.head_dim,
                              value_dim=int(self.key(Keys.Attention.VALUE_LENGTH, self.hp.head_dim)),
                              scale=self.attention_scale(), rope=self.trunk_rope)
+
+    def yarn_mscales(self) -> tuple[float, float]:
+        """(mscale, mscale_all_dim) of llama.cpp's YaRN attention factor; mscale_all_dim 0: the
+        family reads no rope.scaling.yarn_log_mul (a file that sets one is refused)."""
+        return 1.0, 0.0
+
+    def is_sliding(self, i: int) -> bool:
+        """llama.cpp's load_swa_pattern: a per-layer array, or a period (from the file or the
+        family's `swa_period`) whose last layer attends globally; period 0: every layer slides."""
+        pattern = self.gguf.arch_value(Keys.Attention.SLIDING_WINDOW_PATTERN)
+        if isinstance(pattern, np.ndarray):
+            return bool(pattern[i])
+        period = int(pattern) if pattern is not None else self.swa_period
+        return period == 0 or i % period < period - 1
 
     def attention_scale(self) -> float:
         """Q.K's scale: llama.cpp's 1 / sqrt(head size) for these families, whose loaders do not read
@@ -229,7 +269,12 @@ class DecoderArch:
         name = TENSOR_NAMES[MT.ROPE_FREQS] + ".weight"
         if name in self.gguf.tensors:
             factors = tuple(read_tensor(self.gguf, name, "cpu", torch.float32).tolist())
-        return read_rope(self, int(self.key(Keys.Rope.DIMENSION_COUNT, self.hp.head_dim)), self.neox_rope, factors)
+        rope = read_rope(self, int(self.key(Keys.Rope.DIMENSION_COUNT, self.hp.head_dim)), self.neox_rope, factors)
+        sections = self.gguf.arch_value(Keys.Rope.DIMENSION_SECTIONS) if self.multi_axis_rope else None
+        if sections is None:
+            return rope
+        unrotated = text_unrotated_pairs(list(sections), rope.dim // 2, self.multi_axis_rope == "interleaved")
+        return replace(rope, unrotated=unrotated)
 
     # -- layers ----------------------------------------------------------------------------
     def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None,
@@ -242,8 +287,9 @@ class DecoderArch:
     def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
         """Mixer then feed-forward, each with its pre-norm and (where present) post-norm."""
         eps = self.hp.eps
-        return [Residual(t(MT.ATTN_NORM), self.mixer(spec, t), eps, t(MT.ATTN_POST_NORM, required=False)),
-                Residual(t(MT.FFN_NORM), self.ffn(spec, t), eps, t(MT.FFN_POST_NORM, required=False))]
+        attn_post = t(MT.ATTN_POST_NORM, required=False) if self.ffn_norm != MT.ATTN_POST_NORM else None
+        return [Residual(t(MT.ATTN_NORM), self.mixer(spec, t), eps, attn_post),
+                Residual(t(self.ffn_norm), self.ffn(spec, t), eps, t(MT.FFN_POST_NORM, required=False))]
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         """The layer's token mixer; families with recurrent layers add theirs."""
@@ -272,8 +318,28 @@ class DecoderArch:
                    t(MT.FFN_UP, "bias", required=False), t(MT.FFN_DOWN, "bias", required=False))
 
     def normalizes_expert_weights(self) -> bool:
-        """Softmax families renormalise their top-k weights whatever the file says."""
+        """Families that read expert_weights_norm renormalise their top-k weights where it is set;
+        the others (softmax families) always."""
+        if Keys.LLM.EXPERT_WEIGHTS_NORM in self.honours:
+            return bool(self.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False))
         return True
+
+    def read_gating(self) -> str:
+        """How router logits become expert weights: fixed per family (`expert_gating`), or read
+        from expert_gating_func by the families that honour it."""
+        return self.expert_gating
+
+    def gating_in_file(self, default: str | None) -> str:
+        """The routing function of a family that reads expert_gating_func (`default` where unset;
+        None: llama.cpp stops on a file without one, and so do we)."""
+        code = self.gguf.arch_value(Keys.LLM.EXPERT_GATING_FUNC)
+        if code is None:
+            return default or self.key(Keys.LLM.EXPERT_GATING_FUNC)
+        names = {c: name for name, c in GATING_CODES.items()}
+        if int(code) not in names:
+            raise UserError(f"{self.gguf.path}: expert_gating_func {int(code)} is not computed by layercycle "
+                            f"(softmax and sigmoid are)")
+        return names[int(code)]
 
     def routing(self, i: int) -> Routing:
         return Routing(n_used=int(self.layer_key(Keys.LLM.EXPERT_USED_COUNT, i)), gating=self.expert_gating,

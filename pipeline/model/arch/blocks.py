@@ -42,21 +42,43 @@ def wide(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # normalised in float32 (or wider) whatever the compute dtype, as every reference does
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    # normalised in float32 (or wider) whatever the compute dtype, as every reference does; no
+    # weight: the plain (L2) normalisation
     xf = wide(x)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight).to(x.dtype)
+    return (xf if weight is None else xf * weight).to(x.dtype)
 
 
-def causal_mask(n: int, span: int | None, device) -> torch.Tensor | None:
+def causal_mask(n: int, span: int | None, device, chunk: int | None = None) -> torch.Tensor | None:
     """Boolean [T, T] mask (True = attend) for sliding-window attention over the `span` latest
-    positions; None means plain causal."""
-    if span is None or span >= n:
+    positions, or chunked attention (each position sees the earlier ones of its `chunk`-long
+    chunk); None means plain causal."""
+    if (span is None or span >= n) and (chunk is None or chunk >= n):
         return None
     i = torch.arange(n, device=device)
     diff = i[:, None] - i[None, :]
-    return (diff >= 0) & (diff < span)
+    mask = diff >= 0
+    if span is not None:
+        mask &= diff < span
+    if chunk is not None:
+        mask &= (i[:, None] // chunk) == (i[None, :] // chunk)
+    return mask
+
+
+@dataclass(frozen=True)
+class Temperature:
+    """Llama-4-style attention temperature: queries at position p multiplied by
+    1 + scale * ln(floor((p + offset) / length) + 1)."""
+    scale: float
+    length: int
+    offset: float = 0.0
+
+
+def temperature_factors(t: Temperature, n_pos: int, device, dtype) -> torch.Tensor:
+    """[n_pos, 1] query factors, computed in float64."""
+    pos = torch.arange(n_pos, dtype=torch.float64)
+    return (torch.log(torch.floor((pos + t.offset) / t.length) + 1) * t.scale + 1)[:, None].to(device, dtype)
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,10 @@ class AttentionSpec:
     rope: RopeSpec | None     # None: no position encoding
     span: int | None = None   # sliding window: each position sees the `span` latest; None: all before it
     gated: bool = False       # Q's projection carries a sigmoid output gate per head (Qwen3-Next)
+    temperature: Temperature | None = None   # position-dependent query scale
+    qk_norm_across_heads: bool = False       # Q and K RMS-normed over all heads at once, before the head split
+    chunk: int | None = None                 # chunked attention: each position sees its chunk's earlier ones
+    unit_qk_norm: bool = False               # Q and K RMS-normed without weights after RoPE (Llama 4)
 
 
 class Attention(Weights):
@@ -84,24 +110,32 @@ class Attention(Weights):
         s, r = self.spec, self.spec.rope
         rope = "none" if r is None else f"{'neox' if r.neox else 'pairs'} dim={r.dim} base={r.base:g} scale={r.scale:g}"
         rope += " with freq factors" if r is not None and r.freq_factors else ""
+        temperature = "" if s.temperature is None else f", {s.temperature}"
         return (f"heads={s.n_head}, kv_heads={s.n_kv}, key_dim={s.key_dim}, value_dim={s.value_dim}, "
-                f"scale={s.scale:g}, span={s.span}, gated={s.gated}, rope=({rope})")
+                f"scale={s.scale:g}, span={s.span}, gated={s.gated}, rope=({rope}){temperature}")
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         # x: [B, T, hidden]
         B, T, _ = x.shape
         w, s = self.w, self.spec
-        q = F.linear(x, w["q"], w.get("q_bias")).view(B, T, s.n_head, -1)
+        q, k = F.linear(x, w["q"], w.get("q_bias")), F.linear(x, w["k"], w.get("k_bias"))
+        if s.qk_norm_across_heads:
+            q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
+        q = q.view(B, T, s.n_head, -1)
         if s.gated:
             q, gate = q[..., :s.key_dim], q[..., s.key_dim:].reshape(B, T, s.n_head * s.value_dim)
-        k = F.linear(x, w["k"], w.get("k_bias")).view(B, T, s.n_kv, s.key_dim)
+        k = k.view(B, T, s.n_kv, s.key_dim)
         v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, s.n_kv, s.value_dim)
-        if "q_norm" in w:
+        if "q_norm" in w and not s.qk_norm_across_heads:
             q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if s.rope is not None:
             cos, sin = tables.rope(s.rope)
             q, k = apply_rope(q, cos, sin, s.rope), apply_rope(k, cos, sin, s.rope)
+        if s.unit_qk_norm:
+            q, k = rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)
+        if s.temperature is not None:
+            q = q * tables.temperature(s.temperature)       # [T, 1]
         y = self.attend(q, k, v, tables)                   # [B, H, T, value_dim]
         y = y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim)
         if s.gated:
@@ -112,6 +146,6 @@ class Attention(Weights):
         """softmax(scale q.k + mask) v: q [B, H, T, key_dim], k [B, KV, T, key_dim], v [B, KV, T,
         value_dim] -> [B, H, T, value_dim]. The seam for attention that SDPA cannot express
         (attention sinks, logit soft-capping): a family's attention overrides it."""
-        mask = tables.mask(self.spec.span)
+        mask = tables.mask(self.spec.span, self.spec.chunk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.spec.scale,
                                               enable_gqa=self.spec.n_kv != self.spec.n_head)

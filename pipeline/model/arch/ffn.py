@@ -16,14 +16,25 @@ def relu2(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x).square()
 
 
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's gated unit (llama.cpp's swiglu_oai, constants as its MoE graph fixes them): the gate
+    clamped above at `limit`, the up projection clamped to +-limit and offset by 1."""
+    gate = gate.clamp(max=limit)
+    return gate * torch.sigmoid(alpha * gate) * (up.clamp(-limit, limit) + 1)
+
+
 def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
-                 up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None) -> torch.Tensor:
-    """down(act(gate x) * up x), or down(act(up x)) where there is no gate. The product is formed
-    in place, so at most two [..., ffn] activations are alive at once."""
+                 up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
+                 gate_bias: torch.Tensor | None = None, glu=None) -> torch.Tensor:
+    """down(act(gate x) * up x), down(glu(gate x, up x)) where a gated unit is given, or
+    down(act(up x)) where there is no gate. The product is formed in place, so at most two
+    [..., ffn] activations are alive at once."""
     if gate is None:
         return F.linear(act(F.linear(x, up, up_bias)), down, down_bias)
-    h = act(F.linear(x, gate))          # [..., ffn]
-    h.mul_(F.linear(x, up, up_bias))    # [..., ffn]
+    if glu is not None:
+        return F.linear(glu(F.linear(x, gate, gate_bias), F.linear(x, up, up_bias)), down, down_bias)
+    h = act(F.linear(x, gate, gate_bias))   # [..., ffn]
+    h.mul_(F.linear(x, up, up_bias))        # [..., ffn]
     return F.linear(h, down, down_bias)
 
 
@@ -45,7 +56,8 @@ class MLP(Weights):
 @dataclass(frozen=True)
 class Routing:
     n_used: int            # experts per token (top-k)
-    gating: str            # "softmax" or "sigmoid" over the router logits
+    gating: str            # "softmax" or "sigmoid" over the router logits; "softmax_weight": softmax
+                           # over the chosen experts' logits (gpt-oss)
     normalize: bool        # chosen weights divided by their sum
     scale: float = 1.0     # chosen weights multiplied by it
     n_groups: int = 1      # experts in this many equal groups: the top-k is taken in the
@@ -60,7 +72,12 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
     batch or the kernel.
     """
     logits = wide(logits)
-    probs = logits.softmax(-1) if routing.gating == "softmax" else logits.sigmoid()
+    if routing.gating == "softmax":
+        probs = logits.softmax(-1)
+    elif routing.gating == "sigmoid":
+        probs = logits.sigmoid()
+    else:   # softmax_weight: chosen on the logits, weighted by a softmax over the chosen
+        probs = logits
     select = probs if selection_bias is None else probs + selection_bias
     if routing.n_groups > 1:  # as llama.cpp's build_moe_ffn: the other groups' experts are never chosen
         N, E = select.shape
@@ -71,6 +88,8 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
         select = grouped.masked_fill(dropped[..., None], -math.inf).view(N, E)
     experts = torch.sort(select, dim=-1, descending=True, stable=True).indices[:, :routing.n_used]
     weights = probs.gather(-1, experts)
+    if routing.gating == "softmax_weight":
+        weights = weights.softmax(-1)
     if routing.normalize:
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
     return weights * routing.scale if routing.scale != 1.0 else weights, experts
@@ -81,7 +100,8 @@ def _name(fn) -> str:
 
 
 class MoE(Weights):
-    """Routed experts (+ an always-on shared expert, optionally gated by sigmoid(shared_gate . x)).
+    """Routed experts (+ an always-on shared expert, optionally gated by sigmoid(shared_gate . x)),
+    with a router bias and per-expert biases [E, rows] where the family has them.
 
     The experts come from `experts` (experts.py: held with the window, or dequantized a slice at
     a time); each runs only on the tokens routed to it, so an expert that receives no token
@@ -90,17 +110,24 @@ class MoE(Weights):
 
     def __init__(self, router: torch.Tensor, experts: nn.Module, act, routing: Routing,
                  selection_bias: torch.Tensor | None = None, shared: MLP | None = None,
-                 shared_gate: torch.Tensor | None = None):
-        super().__init__({"router": router, "selection_bias": selection_bias, "shared_gate": shared_gate})
-        self.experts, self.act, self.routing, self.shared = experts, act, routing, shared
+                 shared_gate: torch.Tensor | None = None, router_bias: torch.Tensor | None = None,
+                 expert_biases: dict[str, torch.Tensor] | None = None, glu=None, weight_before_ffn: bool = False):
+        biases = {f"{role}_bias": t for role, t in (expert_biases or {}).items()}   # up, gate, down: [E, rows]
+        super().__init__({"router": router, "selection_bias": selection_bias, "shared_gate": shared_gate,
+                          "router_bias": router_bias, "up_bias": None, "gate_bias": None, "down_bias": None, **biases})
+        self.experts, self.act, self.routing, self.shared, self.glu = experts, act, routing, shared, glu
+        self.weight_before_ffn = weight_before_ffn   # Llama 4: the routing weight scales the expert's input
 
     def describe(self) -> str:
-        return f"act={_name(self.act)}, {self.routing}"
+        return f"act={_name(self.glu or self.act)}, {self.routing}"
+
+    def expert_biases(self) -> dict[str, torch.Tensor]:
+        return {role: b for role in ("up", "gate", "down") if (b := getattr(self, f"{role}_bias")) is not None}
 
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
         # x: [B, T, hidden]
         flat = x.reshape(-1, x.shape[-1])                                     # [N, hidden]
-        weights, experts = route(F.linear(wide(flat), self.router), self.routing, self.selection_bias)
+        weights, experts = route(F.linear(wide(flat), self.router, self.router_bias), self.routing, self.selection_bias)
         out = torch.zeros(flat.shape, dtype=weights.dtype, device=flat.device)  # summed in float32 or wider
         # the (token, slot) pairs grouped by expert, tokens ascending in each group (a stable
         # sort); one count per expert is the only value that goes to the host
@@ -108,14 +135,19 @@ class MoE(Weights):
         pairs = torch.sort(experts.flatten(), stable=True).indices               # [N * k]
         counts = torch.bincount(experts.flatten(), minlength=self.experts.n_experts).tolist()
         groups = pairs.split(counts)
+        biases = self.expert_biases()
         for first, up, down, gate in self.experts.slices(counts):                # [n, ff, hidden] ...
             for j in range(up.shape[0]):
                 e = first + j
                 if not counts[e]:
                     continue
                 token, slot = groups[e] // k, groups[e] % k                         # [n_e], [n_e]
-                y = feed_forward(flat[token], up[j], down[j], None if gate is None else gate[j], self.act)
-                out.index_add_(0, token, y.to(out.dtype) * weights[token, slot, None])  # [n_e, hidden]
+                bias = {f"{role}_bias": b[e] for role, b in biases.items()}
+                w = weights[token, slot, None]                                            # [n_e, 1]
+                x_e = (flat[token] * w).to(flat.dtype) if self.weight_before_ffn else flat[token]
+                y = feed_forward(x_e, up[j], down[j], None if gate is None else gate[j], self.act,
+                                 glu=self.glu, **bias).to(out.dtype)                      # [n_e, hidden]
+                out.index_add_(0, token, y if self.weight_before_ffn else y * w)
         if self.shared is not None:
             s = self.shared(flat)
             if self.shared_gate is not None:

@@ -7,7 +7,6 @@ The GGUF converter already stores Gemma's norm weights as (1 + w).
 import math
 from dataclasses import replace
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from gguf import Keys
@@ -15,7 +14,6 @@ from gguf import Keys
 from .base import DecoderArch
 from .blocks import AttentionSpec
 
-SWA_PATTERN = 6            # every sixth layer attends globally (llama.cpp and transformers agree)
 SWA_ROPE_BASE = 10000.0    # sliding layers' RoPE base when the file has no freq_base_swa
 LAYERS_27B = 62            # llama.cpp scales Gemma-3 27B's queries by 1/sqrt(hidden / heads)
 
@@ -26,6 +24,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 class Gemma3(DecoderArch):
     neox_rope = True
+    swa_period = 6             # every sixth layer attends globally (llama.cpp and transformers agree)
     activation = staticmethod(gelu_tanh)
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
                          Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
@@ -33,12 +32,6 @@ class Gemma3(DecoderArch):
     def __init__(self, gguf):
         super().__init__(gguf)
         self.embed_scale = math.sqrt(self.hp.hidden)
-
-    def is_sliding(self, layer: int) -> bool:
-        pattern = self.gguf.arch_value(Keys.Attention.SLIDING_WINDOW_PATTERN)
-        if isinstance(pattern, np.ndarray):
-            return bool(pattern[layer])
-        return (layer + 1) % SWA_PATTERN != 0
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)

@@ -47,6 +47,3 @@ class NemotronH(DecoderArch):
              "norm": t(MT.SSM_NORM), "out": t(MT.SSM_OUT)}
         return Mamba2(w, n_head=int(self.key(Keys.SSM.TIME_STEP_RANK)), n_group=int(self.key(Keys.SSM.GROUP_COUNT)),
                       d_state=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps)
-
-    def normalizes_expert_weights(self) -> bool:
-        return bool(self.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False))

@@ -4,8 +4,8 @@
 Each layer: x + mixer(attn_norm(x)), then h + ffn(post_attention_norm(h)). The FFN is a
 softmax-routed MoE with a sigmoid-gated shared expert (qwen3next, qwen35moe) or a dense SwiGLU
 (qwen35). Which layers are recurrent comes from `attention.recurrent_layers`, else from
-`full_attention_interval` (every n-th layer attends). Qwen3.5 files store text positions for
-multi-axis RoPE; with one position per token it reduces to plain NeoX RoPE.
+`full_attention_interval` (every n-th layer attends). Qwen3.5 files state interleaved multi-axis
+RoPE sections: text positions reduce it to NeoX RoPE with the pairs of its fourth axis unrotated.
 """
 from dataclasses import replace
 
@@ -14,7 +14,7 @@ from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
 
-from .base import BlockTensors, DecoderArch, LayerSpec, Residual
+from .base import BlockTensors, DecoderArch, LayerSpec
 from .delta_net import GatedDeltaNet
 
 RECURRENT_LAYERS = getattr(Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers")
@@ -24,6 +24,7 @@ FULL_ATTENTION_INTERVAL = 4   # llama.cpp's default when the file names neither
 class Qwen3Next(DecoderArch):
     neox_rope = True
     fused_gate_up_experts = True
+    ffn_norm = MT.ATTN_POST_NORM   # diff: the FFN's pre-norm is stored as the post-attention norm
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)
 
     def is_recurrent(self, i: int) -> bool:
@@ -36,11 +37,6 @@ class Qwen3Next(DecoderArch):
         if self.is_recurrent(i):
             return LayerSpec(i, "delta_net", self.ffn_kind(i))
         return LayerSpec(i, "attention", self.ffn_kind(i), replace(self.attention_spec(i), gated=True))
-
-    def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
-        # diff: the FFN's norm is stored as the post-attention norm, and neither step has a post-norm
-        return [Residual(t(MT.ATTN_NORM), self.mixer(spec, t), self.hp.eps),
-                Residual(t(MT.ATTN_POST_NORM), self.ffn(spec, t), self.hp.eps)]
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         return self.delta_net(t) if spec.mixer == "delta_net" else super().mixer(spec, t)
@@ -58,4 +54,4 @@ class Qwen3Next(DecoderArch):
 
 class Qwen35(Qwen3Next):
     tiled_value_heads = True    # the converter reorders value heads so that head j reads key head j % n_k
-    honours = frozenset({Keys.Rope.DIMENSION_SECTIONS})   # text positions: every section the same
+    multi_axis_rope = "interleaved"   # text positions: see rope.text_unrotated_pairs

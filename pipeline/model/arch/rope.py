@@ -6,7 +6,8 @@ YaRN (ggml_rope_yarn): for rotation pair k, theta_extrap = pos * base^(-2k/dim) 
 theta_interp = theta_extrap / scale; they are mixed by a ramp that is 1 below the correction
 dim `low` and 0 above `high` (floored and ceiled as ggml does), and cos/sin are multiplied by
 mscale = attn_factor * (1 + 0.1 ln scale). llama.cpp sets attn_factor so that the product is
-the YaRN paper's 1 + 0.1 ln(scale), times `rope.scaling.attn_factor`.
+the YaRN paper's 1 + 0.1 ln(scale), times `rope.scaling.attn_factor`; a family that reads
+`rope.scaling.yarn_log_mul` (mscale_all_dim) has it divided by 1 + 0.1 mscale_all_dim ln(scale).
 """
 import math
 from dataclasses import dataclass
@@ -42,6 +43,26 @@ class RopeSpec:
     freq_factors: tuple[float, ...] | None = None  # Llama-3 `rope_freqs`: frequencies divided by them
     mscale: float = 1.0      # cos and sin multiplied by it (rope.scaling.attn_factor), without YaRN
     yarn: Yarn | None = None
+    unrotated: tuple[int, ...] = ()   # rotation pairs whose angle is 0 (multi-axis RoPE's fourth axis, for text)
+
+
+def text_unrotated_pairs(sections: list[int], n_pairs: int, interleaved: bool) -> tuple[int, ...]:
+    """Multi-axis RoPE over text, as ggml_rope_multi computes it: llama.cpp gives a text token its
+    position on the first three axes (t, h, w: the same angle, whichever) and 0 on the fourth,
+    so a pair that ggml assigns to the fourth axis is not rotated. Pairs are assigned by
+    sector = pair mod sum(sections): consecutive blocks of the sections, or (interleaved,
+    Qwen3-VL) t, h, w in turn while each axis has sections left."""
+    s0, s1, s2, s3 = (list(sections) + [0, 0, 0, 0])[:4]
+    out = []
+    for pair in range(n_pairs):
+        sector = pair % (s0 + s1 + s2 + s3)
+        if interleaved:
+            fourth = not any(sector % 3 == axis and sector < 3 * size for axis, size in enumerate((s0, s1, s2)))
+        else:
+            fourth = sector >= s0 + s1 + s2
+        if fourth:
+            out.append(pair)
+    return tuple(out)
 
 
 def yarn_corr_dims(dim: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple[float, float]:
@@ -56,6 +77,8 @@ def rope_tables(spec: RopeSpec, n_pos: int, device, dtype) -> tuple[torch.Tensor
     inv = spec.base ** (-torch.arange(0, spec.dim, 2, dtype=torch.float64) / spec.dim)    # [dim / 2]
     if spec.freq_factors is not None:
         inv = inv / torch.tensor(spec.freq_factors, dtype=torch.float64)
+    if spec.unrotated:
+        inv[list(spec.unrotated)] = 0.0
     pos = torch.arange(n_pos, dtype=torch.float64)
     if spec.yarn is None:
         angles, mscale = torch.outer(pos / spec.scale, inv), spec.mscale                  # [n_pos, dim / 2]
@@ -105,17 +128,33 @@ def read_rope(arch, dim: int, neox: bool, freq_factors: tuple[float, ...] | None
     if kind != "yarn":
         return RopeSpec(dim, base, neox, scale, freq_factors, mscale=attn_factor)
     for template, default in YARN_DEFAULTS.items():
-        value = arch.gguf.arch_value(template)
+        value = None if template in arch.honours else arch.gguf.arch_value(template)
         if value is not None and float(value) != default:
             raise UserError(f"{path}: {name(template)} = {float(value):g}, where llama.cpp computes this "
                             f"architecture's YaRN with {default:g}; layercycle does not guess which is meant")
     n_ctx_orig = int(arch.key(Keys.Rope.SCALING_ORIG_CTX_LEN, arch.hp.context_length))
-    # llama.cpp's yarn_attn_factor: get_mscale(scale) cancelled by ggml's own factor, times the file's
-    mscale = 1 + 0.1 * math.log(scale) if scale > 1 else 1.0
-    yarn_attn = mscale / (1 + 0.1 * math.log(scale)) * attn_factor
+    yarn_attn = context_yarn_attn_factor(scale, *arch.yarn_mscales()) * attn_factor
+    mscale = get_mscale(scale, 1.0)
     declared = arch.gguf.arch_value(Keys.Rope.SCALING_YARN_ATTN_FACTOR)
     if declared is not None and not math.isclose(float(declared), mscale, rel_tol=1e-6):
         raise UserError(f"{path}: {name(Keys.Rope.SCALING_YARN_ATTN_FACTOR)} = {float(declared):g}, where llama.cpp "
                         f"scales this architecture's YaRN attention by {mscale:g}; layercycle does not guess which "
                         f"is meant")
-    return RopeSpec(dim, base, neox, scale, freq_factors, yarn=Yarn(n_ctx_orig, yarn_attn))
+    # the correction dims' betas, where the family reads them (else llama.cpp's defaults, checked above)
+    betas = {field: float(arch.key(template, YARN_DEFAULTS[template])) for field, template in
+             (("beta_fast", Keys.Rope.SCALING_YARN_BETA_FAST), ("beta_slow", Keys.Rope.SCALING_YARN_BETA_SLOW))
+             if template in arch.honours}
+    return RopeSpec(dim, base, neox, scale, freq_factors, yarn=Yarn(n_ctx_orig, yarn_attn, **betas))
+
+
+def get_mscale(scale: float, mscale: float) -> float:
+    """YaRN's attention factor 1 + 0.1 mscale ln(scale) (1 where the scale does not extend)."""
+    return 1.0 if scale <= 1 else 1 + 0.1 * mscale * math.log(scale)
+
+
+def context_yarn_attn_factor(scale: float, mscale: float, mscale_all_dims: float) -> float:
+    """llama-context.cpp's yarn_attn_factor before rope.scaling.attn_factor: get_mscale(scale),
+    or get_mscale(scale, mscale) / get_mscale(scale, mscale_all_dims) where the file sets
+    yarn_log_mul, divided by ggml's own 1 + 0.1 ln(scale), which ggml's rope multiplies back."""
+    factor = get_mscale(scale, mscale) / get_mscale(scale, mscale_all_dims) if mscale_all_dims else get_mscale(scale, 1)
+    return factor / (1 + 0.1 * math.log(scale))

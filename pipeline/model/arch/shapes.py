@@ -52,14 +52,14 @@ def expect(arch, name: str, shape: tuple[int, ...], why: str, required: bool = F
 
 def expect_layer(arch, spec) -> None:
     """Attention and feed-forward tensors of one layer against its spec (a recurrent mixer's
-    own tensors are not checked here)."""
+    or latent attention's own tensors are checked by its family)."""
     hidden = arch.hp.hidden
 
     def name(kind: MODEL_TENSOR, suffix: str = "weight") -> str:
         return f"{TENSOR_NAMES[kind].format(bid=spec.index)}.{suffix}"
 
     a = spec.attention
-    if a is not None:
+    if spec.mixer == "attention":
         if a.n_head <= 0 or a.n_kv <= 0 or a.n_head % a.n_kv or a.key_dim <= 0 or a.value_dim <= 0:
             raise UserError(f"{arch.gguf.path}: layer {spec.index} has {a.n_head} heads, {a.n_kv} KV heads, "
                             f"head sizes {a.key_dim} / {a.value_dim}: not an attention layer")
@@ -74,8 +74,13 @@ def expect_layer(arch, spec) -> None:
             expect(arch, name(kind, "bias"), (rows,), why)
         expect(arch, name(MT.ATTN_OUT), (hidden, a.n_head * a.value_dim), "embedding_length x heads x value_length",
                required=True)
-        for kind in (MT.ATTN_Q_NORM, MT.ATTN_K_NORM):
-            expect(arch, name(kind), (a.key_dim,), "key_length")
+        if a.qk_norm_across_heads:
+            expect(arch, name(MT.ATTN_Q_NORM), (a.n_head * a.key_dim,), "head_count x key_length", required=True)
+            expect(arch, name(MT.ATTN_K_NORM), (a.n_kv * a.key_dim,), "head_count_kv x key_length", required=True)
+        else:
+            for kind in (MT.ATTN_Q_NORM, MT.ATTN_K_NORM):
+                expect(arch, name(kind), (a.key_dim,), "key_length")
+        expect(arch, name(MT.ATTN_SINKS), (a.n_head,), "head_count")
     if spec.ffn == "mlp":
         ff = arch.gguf.tensors[name(MT.FFN_UP)].shape[0] if name(MT.FFN_UP) in arch.gguf.tensors else 0
         expect(arch, name(MT.FFN_UP), (ff, hidden), "feed-forward width x embedding_length", required=True)
@@ -91,3 +96,6 @@ def expect_layer(arch, spec) -> None:
         expect(arch, name(MT.FFN_UP_EXP), (n_expert, ff, hidden), "expert_count experts", required=not fused)
         expect(arch, name(MT.FFN_GATE_EXP), (n_expert, ff, hidden), "the up projections' shape")
         expect(arch, name(MT.FFN_DOWN_EXP), (n_expert, hidden, ff), "the up projections', transposed", required=True)
+        expect(arch, name(MT.FFN_GATE_INP, "bias"), (n_expert,), "expert_count")
+        for kind, rows in ((MT.FFN_UP_EXP, ff), (MT.FFN_GATE_EXP, ff), (MT.FFN_DOWN_EXP, hidden)):
+            expect(arch, name(kind, "bias"), (n_expert, rows), "expert_count x the projection's rows")

@@ -1,0 +1,165 @@
+"""deepseek2 (DeepSeek-V2/V3/R1, Kimi K2): multi-head latent attention (MLA) over SwiGLU blocks
+whose first `leading_dense_block_count` are dense and the rest mixtures of experts with shared
+experts, routed by softmax or by sigmoid with a selection bias, a weight scale and expert groups.
+
+MLA, as llama.cpp's graph defines it: Q from `attn_q` (a "lite" file) or `attn_q_b(norm(attn_q_a
+x))`; `attn_kv_a_mqa x` splits into a compressed KV [kv_lora_rank], RMS-normed, and one decoupled
+RoPE key [rope dim] shared by every head. Each head's key is its `attn_k_b` decompression of the
+compressed KV followed by the shared RoPE key, its value the `attn_v_b` decompression (older files
+hold both in one `attn_kv_b`). Queries and keys are (nope dim + rope dim) wide, values
+`value_length_mla`. The product is the same as llama.cpp's absorbed form (K_b folded into Q, V_b
+applied after attention); it is computed decompressed, which costs less for a whole sequence.
+RoPE pairs consecutive values. With YaRN the attention scale is mscale^2 / sqrt(head size),
+mscale = 1 + 0.1 * mscale_all_dim * ln(factor) (`rope.scaling.yarn_log_mul` holds 0.1 x that).
+"""
+import math
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from gguf import MODEL_TENSOR as MT
+from gguf import Keys
+from torch import nn
+
+from ...errors import UserError
+from .base import BlockTensors, DecoderArch, HParams, LayerSpec
+from .blocks import Attention, AttentionSpec, rms_norm
+from .rope import RopeSpec, apply_rope
+from .shapes import expect
+
+GLM47_LITE_VOCAB, GLM47_LITE_LAYERS = 154880, (47, 48)   # llama.cpp's sigmoid default for GLM-4.7 Lite
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention: x [B, T, hidden] -> [B, T, hidden]."""
+
+    def __init__(self, w: dict[str, torch.Tensor | None], spec: AttentionSpec, eps: float, kv_rank: int):
+        super().__init__(w, spec, eps)
+        self.kv_rank = kv_rank
+
+    def describe(self) -> str:
+        return f"kv_lora_rank={self.kv_rank}, " + super().describe()
+
+    def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
+        B, T, _ = x.shape
+        w, s = self.w, self.spec
+        rope: RopeSpec = s.rope
+        if "q_a" in w:
+            q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], self.eps), w["q_b"])
+        else:
+            q = F.linear(x, w["q"])
+        q = q.view(B, T, s.n_head, s.key_dim).transpose(1, 2)                      # [B, H, T, nope + rope]
+        q_nope, q_pe = q.split([s.key_dim - rope.dim, rope.dim], dim=-1)
+        kv, k_pe = F.linear(x, w["kv_a"]).split([self.kv_rank, rope.dim], dim=-1)  # [B, T, rank], [B, T, rope]
+        kv = rms_norm(kv, w["kv_a_norm"], self.eps)[:, None]                       # [B, 1, T, rank]
+        if "k_b" in w:
+            k_nope = kv @ w["k_b"]                                                  # [B, H, T, nope]
+            v = kv @ w["v_b"].transpose(1, 2)                                       # [B, H, T, value_dim]
+        else:
+            k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
+                [s.key_dim - rope.dim, s.value_dim], dim=-1)
+        cos, sin = tables.rope(rope)
+        q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
+        k_pe = apply_rope(k_pe[:, None], cos, sin, rope).expand(B, s.n_head, T, rope.dim)
+        k = torch.cat([k_nope, k_pe], dim=-1)                                        # [B, H, T, nope + rope]
+        y = self.attend(q, k, v, tables)                                             # [B, H, T, value_dim]
+        return F.linear(y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim), w["o"])
+
+
+class Deepseek2(DecoderArch):
+    honours = frozenset({Keys.Attention.Q_LORA_RANK, Keys.Attention.KV_LORA_RANK, Keys.LLM.EXPERT_WEIGHTS_NORM,
+                         Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.LEADING_DENSE_BLOCK_COUNT,
+                         Keys.Rope.SCALING_YARN_LOG_MUL})
+
+    def __init__(self, gguf):
+        super().__init__(gguf)
+        self.check_latent_shapes()
+
+    def read_gating(self) -> str:
+        """Older DeepSeek-V2 files set no gating function: softmax, as llama.cpp reads them (its
+        GLM-4.7 Lite sizes aside)."""
+        layers = int(self.key(Keys.LLM.BLOCK_COUNT)) - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0))
+        lite_glm = layers in GLM47_LITE_LAYERS and self.key(Keys.LLM.VOCAB_SIZE, 0) == GLM47_LITE_VOCAB
+        return self.gating_in_file("sigmoid" if lite_glm else "softmax")
+
+    @property
+    def latent(self) -> bool:
+        """MLA files state the decompressed head sizes (key_length_mla / value_length_mla)."""
+        return self.gguf.arch_value(Keys.Attention.KEY_LENGTH_MLA) is not None
+
+    def read_hparams(self) -> HParams:
+        hp = super().read_hparams()
+        if not self.latent:   # a file of the older layout: key_length is the decompressed head
+            return hp
+        return replace(hp, head_dim=int(self.key(Keys.Attention.KEY_LENGTH_MLA)))
+
+    def value_dim(self) -> int:
+        return int(self.key(Keys.Attention.VALUE_LENGTH_MLA if self.latent else Keys.Attention.VALUE_LENGTH))
+
+    def kv_rank(self) -> int:
+        return int(self.key(Keys.Attention.KV_LORA_RANK))
+
+    def layer_spec(self, i: int) -> LayerSpec:
+        return LayerSpec(i, "latent_attention", self.ffn_kind(i), self.attention_spec(i))
+
+    def attention_spec(self, i: int) -> AttentionSpec:
+        n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))
+        return AttentionSpec(n_head=n_head, n_kv=n_head, key_dim=self.hp.head_dim, value_dim=self.value_dim(),
+                             scale=self.attention_scale(), rope=self.trunk_rope)
+
+    def yarn_mscales(self) -> tuple[float, float]:
+        """The file holds 0.1 x mscale_all_dim; llama.cpp takes DeepSeek's mscale to be equal to it,
+        so that cos and sin are unscaled and the whole YaRN factor goes into the attention scale."""
+        log_mul = float(self.key(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0)) / 0.1
+        return log_mul, log_mul
+
+    def attention_scale(self) -> float:
+        """llama.cpp's kq_scale: mscale^2 / sqrt(head size), mscale the RoPE's own factor (that of
+        cos and sin, ggml's 1 + 0.1 ln(scale) included) times 1 + 0.1 mscale_all_dim ln(scale)."""
+        rope, mscale_all_dims = self.trunk_rope, self.yarn_mscales()[1]
+        ln_scale = math.log(rope.scale)
+        rope_factor = (rope.yarn.attn_factor if rope.yarn is not None else rope.mscale) * (1 + 0.1 * ln_scale)
+        mscale = rope_factor * (1 + 0.1 * mscale_all_dims * ln_scale)
+        return mscale * mscale / math.sqrt(self.hp.head_dim)
+
+    def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
+        w = {"kv_a": t(MT.ATTN_KV_A_MQA), "kv_a_norm": t(MT.ATTN_KV_A_NORM), "o": t(MT.ATTN_OUT)}
+        if t.has(MT.ATTN_Q_A):
+            w |= {"q_a": t(MT.ATTN_Q_A), "q_a_norm": t(MT.ATTN_Q_A_NORM), "q_b": t(MT.ATTN_Q_B)}
+        else:
+            w["q"] = t(MT.ATTN_Q)
+        if t.has(MT.ATTN_KV_B):
+            w["kv_b"] = t(MT.ATTN_KV_B)
+        else:
+            w |= {"k_b": t(MT.ATTN_K_B), "v_b": t(MT.ATTN_V_B)}
+        return LatentAttention(w, spec.attention, self.hp.eps, self.kv_rank())
+
+    def check_latent_shapes(self) -> None:
+        """Every latent-attention tensor against the heads, head sizes and ranks of the metadata."""
+        hidden, rank, rope_dim, value_dim = self.hp.hidden, self.kv_rank(), self.trunk_rope.dim, self.value_dim()
+        q_rank = int(self.key(Keys.Attention.Q_LORA_RANK, 0))
+        for spec in self.specs:
+            a, nope = spec.attention, spec.attention.key_dim - rope_dim
+            if nope < 1:
+                raise UserError(f"{self.gguf.path}: head size {a.key_dim} leaves no room beside the RoPE part "
+                                f"({rope_dim}) of latent attention")
+
+            def name(kind, i=spec.index):
+                return f"blk.{i}.{kind}.weight"
+            lite = name("attn_q") in self.gguf.tensors
+            checks = [("attn_kv_a_mqa", (rank + rope_dim, hidden), "kv_lora_rank + rope dim x embedding_length"),
+                      ("attn_kv_a_norm", (rank,), "kv_lora_rank"),
+                      ("attn_output", (hidden, a.n_head * value_dim), "embedding_length x heads x value_length_mla")]
+            if lite:
+                checks.append(("attn_q", (a.n_head * a.key_dim, hidden), "heads x key_length_mla x embedding_length"))
+            else:
+                checks += [("attn_q_a", (q_rank, hidden), "q_lora_rank x embedding_length"),
+                           ("attn_q_a_norm", (q_rank,), "q_lora_rank"),
+                           ("attn_q_b", (a.n_head * a.key_dim, q_rank), "heads x key_length_mla x q_lora_rank")]
+            if name("attn_kv_b") in self.gguf.tensors:
+                checks.append(("attn_kv_b", (a.n_head * (nope + value_dim), rank), "heads x (nope + value) x rank"))
+            else:
+                checks += [("attn_k_b", (a.n_head, rank, nope), "heads x kv_lora_rank x nope dim"),
+                           ("attn_v_b", (a.n_head, value_dim, rank), "heads x value_length_mla x kv_lora_rank")]
+            for kind, shape, why in checks:
+                expect(self, name(kind), shape, why, required=True)

@@ -1,0 +1,197 @@
+"""The biggest open families on tiny random models converted by llama.cpp's converter
+(tests/hf_models.py; their logits against transformers', cycled == whole, bfloat16 and
+--gpu-layers are in test_architectures.py, within 2e-4 of the logits): each family's special
+feature switched off moves the NLL far beyond that tolerance, so the fixtures discriminate;
+older deepseek2 files with one attn_kv_b give the same logits; quantized experts equal their
+gguf-py dequantization; what llama.cpp does not compute is refused.
+
+Measured max |logits - transformers'|: deepseek2 3.7e-5, its lite variant 2.6e-5, glm4moe 1.4e-5,
+mistral3 1.2e-4 (spread evenly over the positions, before and after the temperature starts),
+qwen3vl 2.5e-5 and qwen3vlmoe 3.5e-5 (against transformers with the pairs llama.cpp leaves
+unrotated unrotated there too: hf_models.unrotate_fourth_axis), gpt-oss 1.6e-4, minimax-m2 1.1e-5, llama4 2.5e-5,
+ernie4_5-moe 1.2e-4 (one position; the others within 4e-5)."""
+import math
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader, Keys
+
+from pipeline.errors import UserError
+from pipeline.gguf_io.reader import GGUFIndex
+from pipeline.model.arch import deepseek2, ffn, gpt_oss, llama4, load_architecture
+
+from .helpers import forward, random_ids
+from .test_architectures import dequantized_twin, random_experts
+from .tiny_gguf import rewrite_gguf
+
+# nats: more than 6x what the logits' tolerance in test_architectures.py (2e-4, gpt-oss's 4e-4)
+# could move a mean NLL (at most twice the tolerance)
+MOVED = 0.005
+
+
+def nll(path, ids) -> float:
+    logits = forward(path, ids)
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item()
+
+
+def key(template: str, arch: str = "deepseek2") -> str:
+    return template.format(arch=arch)
+
+
+def zeroed(suffix: str):
+    return lambda n, q, d: (np.zeros_like(d), q) if n.endswith(suffix) else (d, q)
+
+
+def dropped(suffix: str):
+    return lambda n, q, d: None if n.endswith(suffix) else (d, q)
+
+
+FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file with the feature off
+    "deepseek2 group limit": ("deepseek2", {key(Keys.LLM.EXPERT_GROUP_COUNT): None,
+                                            key(Keys.LLM.EXPERT_GROUP_USED_COUNT): None}, None),
+    "deepseek2 YaRN mscale": ("deepseek2", {key(Keys.Rope.SCALING_YARN_LOG_MUL): None}, None),
+    "deepseek2 sigmoid routing": ("deepseek2", {key(Keys.LLM.EXPERT_GATING_FUNC): None}, None),
+    "deepseek2 weight scale": ("deepseek2", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE): None}, None),
+    "deepseek2 selection bias": ("deepseek2", None, zeroed("exp_probs_b.bias")),
+    "glm4moe partial RoPE": ("glm4moe", {key(Keys.Rope.DIMENSION_COUNT, "glm4moe"): 16}, None),
+    "glm4moe QK-norm": ("glm4moe", None, lambda n, q, d: None if "attn_q_norm" in n or "attn_k_norm" in n else (d, q)),
+    "glm4moe sigmoid routing": ("glm4moe", {key(Keys.LLM.EXPERT_GATING_FUNC, "glm4moe"): 1}, None),
+    "glm4moe selection bias": ("glm4moe", None, zeroed("exp_probs_b.bias")),
+    "glm4moe shared expert": ("glm4moe", {key(Keys.LLM.EXPERT_SHARED_COUNT, "glm4moe"): 0},
+                              lambda n, q, d: None if "shexp" in n else (d, q)),
+    "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
+    "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
+    "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
+    # no sections: every pair rotated, as transformers does
+    "qwen3vl fourth-axis pair": ("qwen3vl", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen3vl"): None}, None),
+    "qwen3vlmoe fourth-axis pair": ("qwen3vlmoe", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen3vlmoe"): None}, None),
+    "gpt-oss sinks": ("gpt-oss", None, lambda n, q, d: (np.full_like(d, -1e4), q) if "attn_sinks" in n else (d, q)),
+    "gpt-oss sliding window": ("gpt-oss", {key(Keys.Attention.SLIDING_WINDOW, "gpt-oss"): 1024}, None),
+    "gpt-oss expert biases": ("gpt-oss", None, zeroed("_exps.bias")),
+    "minimax-m2 partial RoPE": ("minimax-m2", {key(Keys.Rope.DIMENSION_COUNT, "minimax-m2"): 16}, None),
+    "minimax-m2 sigmoid routing": ("minimax-m2", {key(Keys.LLM.EXPERT_GATING_FUNC, "minimax-m2"): 1}, None),
+    "minimax-m2 selection bias": ("minimax-m2", None, zeroed("exp_probs_b.bias")),
+    "ernie4_5-moe selection bias": ("ernie4_5-moe", None, zeroed("exp_probs_b.bias")),
+    "ernie4_5-moe shared experts": ("ernie4_5-moe", {key(Keys.LLM.EXPERT_SHARED_COUNT, "ernie4_5-moe"): None},
+                                    lambda n, q, d: None if "shexp" in n else (d, q)),
+}
+
+
+@pytest.mark.parametrize("feature", FEATURES_OFF)
+def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
+    name, metadata, transform = FEATURES_OFF[feature]
+    _, path = tiny_model(name)
+    changed = rewrite_gguf(path, tmp_path / "changed.gguf", transform, metadata=metadata)
+    ids = random_ids()
+    assert abs(nll(path, ids) - nll(changed, ids)) > MOVED
+
+
+# features no metadata switches off: the code that computes them is patched out
+PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
+    "deepseek2 decoupled RoPE": ("deepseek2", deepseek2, "apply_rope", lambda x, cos, sin, spec: x),
+    "gpt-oss SwiGLU clamp": ("gpt-oss", gpt_oss, "swiglu_oai",
+                             lambda gate, up: ffn.swiglu_oai(gate, up, limit=math.inf)),
+    "llama4 NoPE layers": ("llama4", llama4.Llama4, "uses_rope", lambda self, i: True),
+    "llama4 QK L2-norm": ("llama4", llama4, "MAVERICK_EXPERTS", 4),
+    "llama4 weight before the expert": ("llama4", llama4.Llama4, "moe", llama4.Llama.moe),
+}
+
+
+@pytest.mark.parametrize("feature", PATCHED_OFF)
+def test_each_feature_without_a_switch_moves_the_nll(feature, tiny_model, monkeypatch):
+    name, target, attribute, stand_in = PATCHED_OFF[feature]
+    _, path = tiny_model(name)
+    ids = random_ids()
+    computed = nll(path, ids)
+    monkeypatch.setattr(target, attribute, stand_in)
+    assert abs(computed - nll(path, ids)) > MOVED
+
+
+def joined_kv_b(src, dst):
+    """The file as older converters wrote it: per head, the K decompression (transposed back)
+    then the V one in one attn_kv_b [heads x (nope + value), rank]; head sizes as MHA's."""
+    reader = GGUFReader(str(src))
+    data = {t.name: np.asarray(t.data) for t in reader.tensors}
+
+    def join(name, qtype, d):
+        if name.endswith("attn_v_b.weight"):
+            return None
+        if name.endswith("attn_k_b.weight"):
+            k_b, v_b = d, data[name.replace("attn_k_b", "attn_v_b")]          # [H, rank, nope], [H, value, rank]
+            kv_b = np.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)        # [H, nope + value, rank]
+            return kv_b.reshape(-1, kv_b.shape[-1]), qtype, name.replace("attn_k_b", "attn_kv_b")
+        return d, qtype
+    index = GGUFIndex(src)
+    mla_k, mla_v = index.arch_value(Keys.Attention.KEY_LENGTH_MLA), index.arch_value(Keys.Attention.VALUE_LENGTH_MLA)
+    return rewrite_gguf(src, dst, join, metadata={
+        key(Keys.Attention.KEY_LENGTH_MLA): None, key(Keys.Attention.VALUE_LENGTH_MLA): None,
+        key(Keys.Attention.KEY_LENGTH): int(mla_k), key(Keys.Attention.VALUE_LENGTH): int(mla_v),
+        key(Keys.Attention.HEAD_COUNT_KV): int(index.arch_value(Keys.Attention.HEAD_COUNT))})
+
+
+def test_a_joined_attn_kv_b_gives_the_split_files_logits(tiny_model, tmp_path):
+    model, path = tiny_model("deepseek2")
+    older = joined_kv_b(path, tmp_path / "kv_b.gguf")
+    assert "blk.0.attn_kv_b.weight" in GGUFIndex(older).tensors
+    ids = random_ids()
+    with torch.no_grad():
+        ref = model(ids).logits
+    assert (forward(older, ids) - forward(path, ids)).abs().max().item() < 1e-5
+    assert (forward(older, ids) - ref).abs().max().item() < 2e-4
+
+
+@pytest.mark.parametrize("name", ["deepseek2", "glm4moe"])
+def test_multi_token_prediction_blocks_are_not_run(name, tiny_model, tmp_path):
+    # a NextN block after the trunk, as converters append it: a copy of the last layer plus the
+    # nextn projections, all NaN, so that running any of it would show
+    _, path = tiny_model(name)
+    arch = load_architecture(GGUFIndex(path))
+    n, hidden = arch.hp.n_layers, arch.hp.hidden
+    last = {t.name: t for t in GGUFReader(str(path)).tensors if t.name.startswith(f"blk.{n - 1}.")}
+    nan = {name.replace(f"blk.{n - 1}.", f"blk.{n}."): (np.full_like(np.asarray(t.data), np.nan), t.tensor_type)
+           for name, t in last.items()}
+    nan |= {f"blk.{n}.nextn.eh_proj.weight": (np.full((hidden, 2 * hidden), np.nan, np.float32), Q.F32),
+            f"blk.{n}.nextn.enorm.weight": (np.full(hidden, np.nan, np.float32), Q.F32),
+            f"blk.{n}.nextn.hnorm.weight": (np.full(hidden, np.nan, np.float32), Q.F32)}
+    with_mtp = rewrite_gguf(path, tmp_path / "mtp.gguf", extra=nan, metadata={
+        key(Keys.LLM.BLOCK_COUNT, name): n + 1, key(Keys.LLM.NEXTN_PREDICT_LAYERS, name): 1})
+    assert load_architecture(GGUFIndex(with_mtp)).hp.n_layers == n
+    ids = random_ids()
+    assert torch.equal(forward(with_mtp, ids), forward(path, ids))
+
+
+@pytest.mark.parametrize("name,qtype", [("deepseek2_wide", Q.Q4_K), ("gpt-oss", Q.MXFP4)])
+def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_model, tmp_path):
+    _, path = tiny_model(name)
+    quantized = random_experts(path, tmp_path / "quantized.gguf", qtype)
+    assert GGUFIndex(quantized).tensors["blk.1.ffn_down_exps.weight"].qtype == qtype
+    ids = random_ids()
+    logits = forward(quantized, ids)
+    assert torch.isfinite(logits).all() and not torch.equal(logits, forward(path, ids))
+    assert torch.equal(logits, forward(dequantized_twin(quantized, tmp_path / "twin.gguf"), ids))
+
+
+@pytest.mark.parametrize("name,metadata,transform,message", [
+    ("deepseek2", {key(Keys.LLM.EXPERT_GATING_FUNC): 3}, None, "expert_gating_func 3 is not computed"),
+    ("deepseek2", {key(Keys.Attention.TEMPERATURE_SCALE): 0.5}, None,
+     "temperature_scale = 0.5 changes the model's math"),
+    ("deepseek2", {key(Keys.Attention.KV_LORA_RANK): 16}, None,
+     "blk.0.attn_kv_a_mqa.weight is [40, 64] where the metadata"),
+    ("deepseek2", None, dropped("blk.2.attn_q_b.weight"), "missing tensor blk.2.attn_q_b"),
+    # llama.cpp stops on a MiniMax-M2 file that names no gating function
+    ("minimax-m2", {key(Keys.LLM.EXPERT_GATING_FUNC, "minimax-m2"): None}, None,
+     "missing metadata key minimax-m2.expert_gating_func"),
+    ("gpt-oss", None, dropped("blk.1.attn_sinks.weight"), "missing tensor blk.1.attn_sinks.weight"),
+    ("gpt-oss", {key(Keys.LLM.EXPERT_GATING_FUNC, "gpt-oss"): 1}, None, "expert_gating_func = 1 changes"),
+])
+def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
+    _, path = tiny_model(name)
+    bad = rewrite_gguf(path, tmp_path / "bad.gguf", transform, metadata=metadata)
+    with pytest.raises(UserError, match=re.escape(message)):   # when the file is opened or a layer loaded
+        arch = load_architecture(GGUFIndex(bad))
+        for i in range(arch.hp.n_layers):
+            arch.load_layer(i, "cpu", torch.float32)
