@@ -27,10 +27,12 @@ def hidden_after(path, slices: int, dtype=torch.float32) -> torch.Tensor:
         window.release()
 
 
-@pytest.mark.parametrize("name", ["qwen3moe", "nemotron_h_moe", "qwen3next_fused"])
+@pytest.mark.parametrize("name", ["qwen3moe", "nemotron_h_moe", "qwen3next_fused", "deepseek2", "gpt-oss", "llama4"])
 def test_sliced_experts_give_the_held_layer_bit_for_bit(tiny_model, name):
     """Softmax routing; sigmoid routing with a selection bias and a shared expert; gate and up
-    fused in one tensor: every slice count gives the unsliced window's hidden state exactly."""
+    fused in one tensor; expert groups (8 experts: 2 to 4 a slice); per-expert biases; the
+    routing weight applied to the expert's input: every slice count gives the unsliced window's
+    hidden state exactly."""
     _, path = tiny_model(name)
     held = hidden_after(path, 1)
     for slices in (2, 3, 4):                      # 4 experts: 2, 2+2 ... one expert a slice

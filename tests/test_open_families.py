@@ -144,6 +144,16 @@ def test_a_joined_attn_kv_b_gives_the_split_files_logits(tiny_model, tmp_path):
     assert (forward(older, ids) - ref).abs().max().item() < 2e-4
 
 
+def test_sink_attention_in_blocks_of_queries_gives_the_same_logits(tiny_model, monkeypatch):
+    # 7 queries a block (the default holds all 150 at once here): the sliding window's mask,
+    # the causal one and the keys cut at each block's end must give the one-block logits
+    _, path = tiny_model("gpt-oss")
+    ids = random_ids()
+    whole = forward(path, ids)
+    monkeypatch.setattr(gpt_oss, "SINK_SCORE_BYTES", 3 * 4 * 2 * 4 * 150 * 7)
+    torch.testing.assert_close(forward(path, ids), whole, rtol=0, atol=1e-4)   # rounding: measured 1.8e-5
+
+
 @pytest.mark.parametrize("name", ["deepseek2", "glm4moe"])
 def test_multi_token_prediction_blocks_are_not_run(name, tiny_model, tmp_path):
     # a NextN block after the trunk, as converters append it: a copy of the last layer plus the

@@ -34,17 +34,22 @@ def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
     per token, attention scores [batch, heads, ctx, ctx] and the boundary chunks in and out.
     Causal attention runs in a fused kernel; a sliding window's boolean mask may send it (with
     grouped-query heads, on a GPU) to the math kernel, which holds the scores, the masked scores
-    and their softmax at once: three such float32 tensors, as attention with sinks (computed
-    outside SDPA) does at any length."""
+    and their softmax at once: three such float32 tensors; attention with sinks (computed
+    outside SDPA) holds three too, a block of queries at a time (at most SINK_SCORE_BYTES)."""
     from gguf import Keys
+
+    from ..model.arch.gpt_oss import SINK_SCORE_BYTES
 
     widest = max((t.shape[-2] for n, t in gguf.tensors.items() if n.startswith("blk.0.") and len(t.shape) >= 2),
                  default=0)
     hidden = gguf.tensors["token_embd.weight"].shape[-1]
     span = int(gguf.arch_value(Keys.Attention.SLIDING_WINDOW, 0) or 0)
-    sinks = any(n.endswith("attn_sinks.weight") for n in gguf.tensors)
-    score_tensors = 3 if 0 < span < ctx or sinks else 1
-    return 4 * batch * ctx * (8 * hidden + 3 * widest) + score_tensors * 4 * batch * n_head * ctx * ctx
+    scores = 4 * batch * n_head * ctx * ctx
+    if any(n.endswith("attn_sinks.weight") for n in gguf.tensors):
+        scores = min(3 * scores, SINK_SCORE_BYTES)
+    elif 0 < span < ctx:
+        scores = 3 * scores
+    return 4 * batch * ctx * (8 * hidden + 3 * widest) + scores
 
 
 def parse_size(text: str) -> int:

@@ -17,23 +17,35 @@ from .ffn import MoE, swiglu_oai
 EXPERT_BIASES = {"up": MT.FFN_UP_EXP, "gate": MT.FFN_GATE_EXP, "down": MT.FFN_DOWN_EXP}
 
 
+# the float32 scores of one block of queries (three tensors of them: scores, with the sink
+# column, softmax) are kept under this, whatever the context and batch
+SINK_SCORE_BYTES = 256 * 2 ** 20
+
+
 class SinkAttention(Attention):
     """Attention whose softmax over each query's keys has one more logit, the head's sink, which
-    no value follows: the weights of the keys sum to less than 1."""
+    no value follows: the weights of the keys sum to less than 1. SDPA cannot add the column, so
+    the scores are formed here, a block of queries at a time."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
         # q [B, H, T, D], k and v [B, KV, T, D] -> [B, H, T, D]
         B, H, T, D = q.shape
         KV = k.shape[1]
         q = q.reshape(B, KV, H // KV, T, D)
-        scores = (q @ k[:, :, None].transpose(-1, -2)).float() * self.spec.scale      # [B, KV, G, T, T]
+        k, v = k[:, :, None], v[:, :, None]                                           # [B, KV, 1, T, D]
         mask = tables.mask(self.spec.span, self.spec.chunk)
-        if mask is None:
-            mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~mask, -math.inf)
-        sinks = self.sinks.view(1, KV, H // KV, 1, 1).expand(B, KV, H // KV, T, 1)
-        probs = torch.cat([scores, sinks], dim=-1).softmax(-1)[..., :T]                # [B, KV, G, T, T]
-        return (probs.to(v.dtype) @ v[:, :, None]).reshape(B, H, T, v.shape[-1])
+        positions = torch.arange(T, device=q.device)
+        sinks = self.sinks.view(1, KV, H // KV, 1, 1)
+        rows = max(1, SINK_SCORE_BYTES // (3 * 4 * B * H * T))
+        out = []
+        for a in range(0, T, rows):
+            b = min(a + rows, T)                   # queries [a, b) see keys before b at most
+            scores = (q[..., a:b, :] @ k[..., :b, :].transpose(-1, -2)).float() * self.spec.scale  # [B, KV, G, b-a, b]
+            seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
+            scores = scores.masked_fill(~seen, -math.inf)
+            probs = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1).softmax(-1)[..., :b]
+            out.append(probs.to(v.dtype) @ v[..., :b, :])                             # [B, KV, G, b-a, D]
+        return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
 
 
 class GptOss(DecoderArch):
