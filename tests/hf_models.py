@@ -211,9 +211,10 @@ SPECS = {
         layer_types=["chunked_attention"] * 3 + ["full_attention"],
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # ERNIE 4.5 MoE: past one dense layer, experts on every second layer (1 and 3 of 0-4), softmax
-    # with a selection bias, two shared experts
+    # with a selection bias, two shared experts (the converter writes their width as the dense
+    # width / KV heads, which llama.cpp checks: 128 / 2 = 2 x 32)
     "ernie4_5-moe": Spec("Ernie4_5_MoeConfig", _common(
-        num_hidden_layers=5, intermediate_size=96, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
+        num_hidden_layers=5, intermediate_size=128, moe_intermediate_size=32, moe_num_experts=4, moe_k=2,
         moe_num_shared_experts=2, moe_layer_start_index=1, moe_layer_end_index=4, moe_layer_interval=2,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0))),
     # rows of whole K-quant blocks in every expert tensor

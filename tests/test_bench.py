@@ -35,6 +35,9 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
     "nemotron_h_moe": dict(family="nemotron_h_moe", layers=6, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
                            quant="Q4_K", experts=16, experts_used=4, expert_ffn=384, shared_ffn=256,
                            pattern="ME*EME", ssm_heads=8, ssm_head_dim=32, ssm_state=32, ssm_groups=2),
+    "deepseek2": dict(family="deepseek2", layers=3, hidden=256, ffn=512, heads=4, head_dim=96, rope_dim=32,
+                      value_dim=64, q_lora_rank=128, kv_lora_rank=256, dense_layers=1, quant="Q4_K", experts=16,
+                      experts_used=4, expert_ffn=256, shared_ffn=256, expert_groups=4, groups_used=2),
 }
 
 
@@ -57,7 +60,8 @@ def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path, family)
     gguf = GGUFIndex(path)
     assert gguf.architecture == family
     kinds = set()
-    for name in ("blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_q.weight", "output.weight"):
+    for name in ("blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_q.weight",
+                 "blk.0.attn_q_b.weight", "output.weight"):
         info = gguf.tensors.get(name)
         if info is None:
             continue
@@ -166,7 +170,7 @@ def test_every_synthetic_shape_in_the_settings_can_be_written():
     for path in [CONFIGS / "gpu_check.toml", *sorted((CONFIGS / "bench").glob("*.toml"))]:
         tables |= tomllib.loads(path.read_text()).get("synthetic", {})
     assert {"synthetic-moe", "synthetic-hybrid", "synthetic-qwen3-30b-a3b",
-            "synthetic-nemotron-h-30b-a3b", "synthetic-deepseek-v3-layer", "synthetic-7b"} <= set(tables)
+            "synthetic-nemotron-h-30b-a3b", "synthetic-deepseek-v3-mla-layer", "synthetic-7b"} <= set(tables)
     for table in tables.values():
         check_shape(Shape(**{k: v for k, v in table.items() if k != "tokenizer_from"}))
     with pytest.raises(UserError, match="rows of 464 values, no multiple of 32"):

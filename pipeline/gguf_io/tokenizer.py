@@ -19,6 +19,18 @@ _QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L
           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's forms of GPT-4o's and Tekken's case-splitting regexes: a letter not in a-z stands
+# for an upper-case one, a letter not in A-Z for a lower-case one
+_UPPER, _LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
+_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+_NOT_LN = r"[^\r\n\p{L}\p{N}]?"
+_GPT4O = (f"{_NOT_LN}{_UPPER}*{_LOWER}+{_CONTRACTION}|{_NOT_LN}{_UPPER}+{_LOWER}*{_CONTRACTION}"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (f"{_NOT_LN}{_UPPER}*{_LOWER}+|{_NOT_LN}{_UPPER}+{_LOWER}*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
 
 # tokenizer.ggml.pre -> the regexes llama.cpp splits with, applied in turn (llama-vocab.cpp)
 PRE_TOKENIZER_REGEXES = {
@@ -28,8 +40,14 @@ PRE_TOKENIZER_REGEXES = {
     "qwen2": [_QWEN2], "stablelm2": [_QWEN2], "hunyuan": [_QWEN2],
     "llama3": [_LLAMA3], "llama-bpe": [_LLAMA3], "llama-v3": [_LLAMA3], "dbrx": [_LLAMA3],
     "smaug-bpe": [_LLAMA3], "falcon3": [_LLAMA3], "pixtral": [_LLAMA3],
+    "glm4": [_LLAMA3], "glm5": [_LLAMA3],                                  # llama.cpp's CHATGLM4: llama3's regex
+    "gpt-4o": [_GPT4O], "llama4": [_GPT4O], "minimax-m2": [_GPT4O],
+    "tekken": [_TEKKEN], "deepseek-v3": _DEEPSEEK3,
 }
-IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "dbrx", "smaug-bpe", "falcon3", "pixtral"}
+IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "dbrx", "smaug-bpe", "falcon3", "pixtral", "glm4", "glm5", "tekken"}
+NO_BOS = {"glm4", "glm5"}   # llama.cpp defines no BOS token for these
+# BPE pre-tokenizers for which llama.cpp adds BOS where the file does not say (SentencePiece always does)
+BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"}
 
 
 @dataclass
@@ -62,7 +80,10 @@ def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
     user_defined = [tokens[i] for i in np.flatnonzero(types == int(TokenType.USER_DEFINED))]
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
     bos = gguf.metadata.get(Keys.Tokenizer.BOS_ID)
-    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, kind == "llama"))
+    pre = gguf.metadata.get(Keys.Tokenizer.PRE)
+    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, kind == "llama" or pre in BOS_BY_DEFAULT))
+    if pre in NO_BOS:
+        bos, add_bos = None, False
     return GGUFTokenizer(tok, None if bos is None else int(bos), add_bos)
 
 

@@ -2,10 +2,12 @@
 model bigger than the machine's memory (a 7B llama, a Qwen3-30B-A3B- or Nemotron-H-30B-A3B-shaped
 mixture of experts) or one of a family's risky paths on a host with no converter at hand.
 
-Families: `llama` (dense), `qwen3moe` (QK-norm attention, softmax-routed SwiGLU experts) and
+Families: `llama` (dense), `qwen3moe` (QK-norm attention, softmax-routed SwiGLU experts),
 `nemotron_h_moe` (a layer pattern of Mamba2 mixers `M`, attention `*` without position encoding,
 sigmoid-routed squared-ReLU experts `E` with a selection bias and a shared expert; as llama.cpp
-reads this family, every feed-forward layer is one of experts).
+reads this family, every feed-forward layer is one of experts) and `deepseek2` (multi-head latent
+attention, leading dense layers, then sigmoid-routed experts in groups with a selection bias and
+a shared expert, YaRN as DeepSeek-V3 sets it).
 The tokenizer is copied from a real GGUF so a pass reads ordinary text. Quantized weights are
 random blocks made from random bytes and fixed scales (nothing is quantized from float data,
 so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter, Keys
+from gguf import GGML_QUANT_SIZES, ExpertGatingFuncType, GGUFWriter, Keys, RopeScalingType
 from gguf import GGMLQuantizationType as Q
 
 from ..errors import UserError
@@ -44,6 +46,13 @@ class Shape:
     ssm_state: int = 128
     ssm_groups: int = 8
     conv_kernel: int = 4
+    q_lora_rank: int = 0       # deepseek2's latent attention: query and KV ranks,
+    kv_lora_rank: int = 0
+    rope_dim: int = 0          # the decoupled RoPE part of head_dim,
+    value_dim: int = 0         # the value head size,
+    dense_layers: int = 0      # the leading dense layers,
+    expert_groups: int = 0     # and the routing groups (0: none)
+    groups_used: int = 0
     head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
 
     @property
@@ -58,7 +67,8 @@ class Shape:
         return "A"
 
 
-FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe")
+FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2")
+GATED_EXPERTS = ("qwen3moe", "deepseek2")      # SwiGLU experts (nemotron_h_moe's have no gate)
 
 
 def check_shape(shape: Shape) -> None:
@@ -111,10 +121,10 @@ class _Tensors:
             p, kind = f"blk.{i}.", s.kind(i)
             self.vector(p + "attn_norm.weight", h)
             if kind in "A*":
-                self.attention(p)
+                self.latent_attention(p) if s.family == "deepseek2" else self.attention(p)
             if kind == "A":
                 self.vector(p + "ffn_norm.weight", h)
-                self.experts(p) if s.family == "qwen3moe" else self.mlp(p)
+                self.experts(p) if s.family in GATED_EXPERTS and i >= s.dense_layers else self.mlp(p)
             elif kind == "E":
                 self.experts(p)
             elif kind == "M":
@@ -131,6 +141,18 @@ class _Tensors:
             self.vector(p + "attn_q_norm.weight", s.key_dim)
             self.vector(p + "attn_k_norm.weight", s.key_dim)
 
+    def latent_attention(self, p: str) -> None:
+        s, h = self.s, self.s.hidden
+        nope = s.key_dim - s.rope_dim
+        self.matrix(p + "attn_q_a.weight", s.q_lora_rank, h)
+        self.vector(p + "attn_q_a_norm.weight", s.q_lora_rank)
+        self.matrix(p + "attn_q_b.weight", s.heads * s.key_dim, s.q_lora_rank)
+        self.matrix(p + "attn_kv_a_mqa.weight", s.kv_lora_rank + s.rope_dim, h)
+        self.vector(p + "attn_kv_a_norm.weight", s.kv_lora_rank)
+        self.matrix(p + "attn_k_b.weight", s.heads, s.kv_lora_rank, nope)
+        self.matrix(p + "attn_v_b.weight", s.heads, s.value_dim, s.kv_lora_rank)
+        self.matrix(p + "attn_output.weight", h, s.heads * s.value_dim)
+
     def mlp(self, p: str) -> None:
         h, f = self.s.hidden, self.s.ffn
         self.matrix(p + "ffn_gate.weight", f, h)
@@ -140,12 +162,14 @@ class _Tensors:
     def experts(self, p: str) -> None:
         s, h, e, f = self.s, self.s.hidden, self.s.experts, self.s.expert_ffn
         self.vector(p + "ffn_gate_inp.weight", e, h, fill=("normal", 1 / np.sqrt(h)))
-        if s.family == "qwen3moe":
+        if s.family in GATED_EXPERTS:
             self.matrix(p + "ffn_gate_exps.weight", e, f, h)
         self.matrix(p + "ffn_up_exps.weight", e, f, h)
         self.matrix(p + "ffn_down_exps.weight", e, h, f)
-        if s.family == "nemotron_h_moe":
+        if s.family in ("nemotron_h_moe", "deepseek2"):
             self.vector(p + "exp_probs_b.bias", e, fill=("normal", 0.01))
+            if s.family == "deepseek2":
+                self.matrix(p + "ffn_gate_shexp.weight", s.shared_ffn, h)
             self.matrix(p + "ffn_up_shexp.weight", s.shared_ffn, h)
             self.matrix(p + "ffn_down_shexp.weight", h, s.shared_ffn)
 
@@ -198,9 +222,6 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
     w.add_head_count(s.heads)
-    w.add_key_length(s.key_dim)
-    w.add_value_length(s.key_dim)
-    w.add_rope_dimension_count(s.key_dim)
     w.add_vocab_size(vocab)
     if s.family == "nemotron_h_moe":     # per-layer widths and KV heads say which op a layer is
         w.add_feed_forward_length([s.expert_ffn if k == "E" else 0 for k in s.pattern])
@@ -216,8 +237,32 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_expert_weights_norm(True)
     else:
         w.add_feed_forward_length(s.ffn)
-        w.add_head_count_kv(s.kv_heads)
+        w.add_head_count_kv(1 if s.family == "deepseek2" else s.kv_heads)
         w.add_layer_norm_rms_eps(1e-6)
+    if s.family != "deepseek2":
+        w.add_key_length(s.key_dim)
+        w.add_value_length(s.key_dim)
+        w.add_rope_dimension_count(s.key_dim)
+    else:                               # as DeepSeek-V3's files: latent attention, YaRN x40, routing
+        w.add_key_length(s.kv_lora_rank + s.rope_dim)
+        w.add_value_length(s.kv_lora_rank)
+        w.add_key_length_mla(s.key_dim)
+        w.add_value_length_mla(s.value_dim)
+        w.add_rope_dimension_count(s.rope_dim)
+        w.add_q_lora_rank(s.q_lora_rank)
+        w.add_kv_lora_rank(s.kv_lora_rank)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(40.0)
+        w.add_rope_scaling_orig_ctx_len(s.context)
+        w.add_rope_scaling_yarn_log_mul(0.1)
+        w.add_leading_dense_block_count(s.dense_layers)
+        w.add_expert_shared_count(1)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(True)
+        w.add_expert_weights_scale(2.5)
+        if s.expert_groups:
+            w.add_expert_group_count(s.expert_groups)
+            w.add_expert_group_used_count(s.groups_used)
     if s.experts:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)

@@ -97,5 +97,9 @@ def expect_layer(arch, spec) -> None:
         expect(arch, name(MT.FFN_GATE_EXP), (n_expert, ff, hidden), "the up projections' shape")
         expect(arch, name(MT.FFN_DOWN_EXP), (n_expert, hidden, ff), "the up projections', transposed", required=True)
         expect(arch, name(MT.FFN_GATE_INP, "bias"), (n_expert,), "expert_count")
+        shared = arch.gguf.arch_value(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH)
+        if shared is not None:
+            for kind in (MT.FFN_UP_SHEXP, MT.FFN_GATE_SHEXP):
+                expect(arch, name(kind), (int(shared), hidden), "expert_shared_feed_forward_length x embedding_length")
         for kind, rows in ((MT.FFN_UP_EXP, ff), (MT.FFN_GATE_EXP, ff), (MT.FFN_DOWN_EXP, hidden)):
             expect(arch, name(kind, "bias"), (n_expert, rows), "expert_count x the projection's rows")
