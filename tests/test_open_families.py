@@ -97,7 +97,7 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
                              lambda gate, up: ffn.swiglu_oai(gate, up, limit=math.inf)),
     "llama4 NoPE layers": ("llama4", llama4.Llama4, "uses_rope", lambda self, i: True),
     "llama4 QK L2-norm": ("llama4", llama4, "MAVERICK_EXPERTS", 4),
-    "llama4 weight before the expert": ("llama4", llama4.Llama4, "moe", llama4.Llama.moe),
+    "llama4 weight before the expert": ("llama4", llama4.Llama4, "weight_before_experts", False),
 }
 
 

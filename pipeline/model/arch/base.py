@@ -174,6 +174,7 @@ class DecoderArch:
     ffn_norm = MT.FFN_NORM                  # the FFN's pre-norm (some families store it as the post-attention norm)
     swa_period = 0                          # families with sliding-window layers: the last of each period is global
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
+    weight_before_experts = False           # the routing weight scales the expert's input, not its output
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -366,7 +367,8 @@ class DecoderArch:
         router = t(MT.FFN_GATE_INP)
         return MoE(router=router, experts=self.routed_experts(t), act=self.activation, routing=self.routing(i),
                    selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
-                   shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False))
+                   shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False),
+                   weight_before_ffn=self.weight_before_experts)
 
     def routed_experts(self, t: BlockTensors) -> nn.Module:
         """The layer's routed experts: held with the window, or (t.expert_slices > 1) read a

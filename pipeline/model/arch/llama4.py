@@ -10,7 +10,6 @@ from dataclasses import replace
 from gguf import Keys
 
 from .blocks import AttentionSpec, Temperature
-from .ffn import MoE
 from .llama import Llama
 
 CHUNK = 8192                                    # llama.cpp's chunked-attention span
@@ -21,6 +20,7 @@ MAVERICK_EXPERTS = 128                          # llama.cpp computes no QK-norm 
 
 class Llama4(Llama):
     expert_gating = "sigmoid"
+    weight_before_experts = True
     swa_period = 4
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
                          Keys.LLM.EXPERT_WEIGHTS_NORM})
@@ -46,8 +46,3 @@ class Llama4(Llama):
 
     def normalizes_expert_weights(self) -> bool:
         return False
-
-    def moe(self, i: int, t) -> MoE:
-        moe = super().moe(i, t)
-        moe.weight_before_ffn = True
-        return moe
