@@ -124,6 +124,18 @@ class BlockTensors:
         self.read.add(name)
         return t
 
+    def unheld(self, kind: MODEL_TENSOR, suffix: str = "weight") -> torch.Tensor:
+        """A tensor dequantized outside the window's block, for one the layer turns into another
+        at load (`keep` puts the result where the block has room for it)."""
+        name = self.name(kind, suffix)
+        self.read.add(name)
+        return read_tensor(self.gguf, name, self.device, held_dtype(name, self.dtype))
+
+    def keep(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` moved into the window's block where it has room (else as it is)."""
+        view = self.weights.take(tuple(t.shape), t.dtype) if self.weights is not None else None
+        return t if view is None else view.copy_(t)
+
     def check_all_read(self) -> None:
         """A tensor of the block that the layer did not read means a variant we would compute
         wrongly (merged or latent experts, extra projections): refuse it rather than guess."""

@@ -5,10 +5,12 @@ experts, routed by softmax or by sigmoid with a selection bias, a weight scale a
 MLA, as llama.cpp's graph defines it: Q from `attn_q` (a "lite" file) or `attn_q_b(norm(attn_q_a
 x))`; `attn_kv_a_mqa x` splits into a compressed KV [kv_lora_rank], RMS-normed, and one decoupled
 RoPE key [rope dim] shared by every head. Each head's key is its `attn_k_b` decompression of the
-compressed KV followed by the shared RoPE key, its value the `attn_v_b` decompression (older files
-hold both in one `attn_kv_b`). Queries and keys are (nope dim + rope dim) wide, values
-`value_length_mla`. The product is the same as llama.cpp's absorbed form (K_b folded into Q, V_b
-applied after attention); it is computed decompressed, which costs less for a whole sequence.
+compressed KV followed by the shared RoPE key, its value the `attn_v_b` decompression; both are
+joined at load into one [heads x (nope + value), rank] matrix, the `attn_kv_b` that older files
+hold, so that the decompression is one matrix product. Queries and keys are (nope dim + rope
+dim) wide, values `value_length_mla`. The product is the same as llama.cpp's absorbed form (K_b
+folded into Q, V_b applied after attention); it is computed decompressed, which costs less for a
+whole sequence.
 RoPE pairs consecutive values. With YaRN the attention scale is mscale^2 / sqrt(head size),
 mscale = 1 + 0.1 * mscale_all_dim * ln(factor) (`rope.scaling.yarn_log_mul` holds 0.1 x that).
 """
@@ -51,13 +53,9 @@ class LatentAttention(Attention):
         q = q.view(B, T, s.n_head, s.key_dim).transpose(1, 2)                      # [B, H, T, nope + rope]
         q_nope, q_pe = q.split([s.key_dim - rope.dim, rope.dim], dim=-1)
         kv, k_pe = F.linear(x, w["kv_a"]).split([self.kv_rank, rope.dim], dim=-1)  # [B, T, rank], [B, T, rope]
-        kv = rms_norm(kv, w["kv_a_norm"], self.eps)[:, None]                       # [B, 1, T, rank]
-        if "k_b" in w:
-            k_nope = kv @ w["k_b"]                                                  # [B, H, T, nope]
-            v = kv @ w["v_b"].transpose(1, 2)                                       # [B, H, T, value_dim]
-        else:
-            k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
-                [s.key_dim - rope.dim, s.value_dim], dim=-1)
+        kv = rms_norm(kv, w["kv_a_norm"], self.eps)                                 # [B, T, rank]
+        k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
+            [s.key_dim - rope.dim, s.value_dim], dim=-1)                             # [B, H, T, nope], [.., value]
         cos, sin = tables.rope(rope)
         q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
         k_pe = apply_rope(k_pe[:, None], cos, sin, rope).expand(B, s.n_head, T, rope.dim)
@@ -130,8 +128,9 @@ class Deepseek2(DecoderArch):
             w["q"] = t(MT.ATTN_Q)
         if t.has(MT.ATTN_KV_B):
             w["kv_b"] = t(MT.ATTN_KV_B)
-        else:
-            w |= {"k_b": t(MT.ATTN_K_B), "v_b": t(MT.ATTN_V_B)}
+        else:   # per head: K_b [rank, nope] transposed, then V_b [value, rank]
+            k_b, v_b = t.unheld(MT.ATTN_K_B), t.unheld(MT.ATTN_V_B)                 # [H, rank, nope], [H, value, rank]
+            w["kv_b"] = t.keep(torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1))  # [H x (nope + value), rank]
         return LatentAttention(w, spec.attention, self.hp.eps, self.kv_rank())
 
     def check_latent_shapes(self) -> None:
