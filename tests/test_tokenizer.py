@@ -8,9 +8,10 @@ from .helpers import HEAD40K, REFERENCE, REFERENCE_NAMES
 from .tiny_gguf import rewrite_gguf
 
 # what tells the pre-tokenizers apart: case changes inside words, digit runs, contractions,
-# punctuation before letters, CJK, accents, slashes, tabs and blank lines
+# punctuation before letters, CJK, accents (precomposed and combining), slashes, tabs and blank lines
 SPLIT_CASES = ("CamelCaseWords HTTPServer parseJSON iPhone don't I'M WE'LL 1234567 3.14159 2024-12-02\n"
-               "naïve café Ünïcödé ÀÉÎ 東京タワー 北京大学 ひらがな 한국어 ¿Qué? «quoted» a/b/c //path\n\n"
+               "naïve café Ünïcödé ÀÉÎ cafe\u0301 nai\u0308ve 東京タワー 北京大学 ひらがな 한국어 ¿Qué? «quoted»\n"
+               "a/b/c //path\n\n"
                "\t tabbed\r\n<tag attr=\"x\">(f(x)=y); x+=1 @user #tag $5.00 100% ...!!! --flag __init__")
 PRE_TEXT = HEAD40K.read_text(encoding="utf-8")[:2000] + "\n" + SPLIT_CASES
 
@@ -36,7 +37,8 @@ def test_bos_only_where_the_file_says(model_path):
     assert smol.encode("Hello", add_bos=True)[0] == smol.bos_id
 
 
-@pytest.mark.parametrize("pre", ["deepseek-v3", "gpt-4o", "llama4", "minimax-m2", "tekken", "glm4"])
+@pytest.mark.parametrize("pre", ["deepseek-v3", "gpt-4o", "llama4", "minimax-m2", "tekken", "glm4", "kimi-k2",
+                                 "qwen35"])
 def test_pre_tokenizers_of_the_biggest_families_equal_llama_cpp(pre, model_path, tmp_path):
     """Qwen2.5's 151k-token vocabulary under each family's `tokenizer.ggml.pre` (its regexes,
     merges ignored for whole-token words, BOS rules): llama-tokenize's ids of the same text,

@@ -28,6 +28,13 @@ _GPT4O = (f"{_NOT_LN}{_UPPER}*{_LOWER}+{_CONTRACTION}|{_NOT_LN}{_UPPER}+{_LOWER}
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _TEKKEN = (f"{_NOT_LN}{_UPPER}*{_LOWER}+|{_NOT_LN}{_UPPER}+{_LOWER}*"
            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+"
+           r"|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi K2 as llama.cpp splits it (custom code, unicode.cpp): Han runs; words of letters other than
+# Han, of any case (unlike the regex of K2's own tokenizer, which splits at case changes), with
+# an optional contraction; digits in threes
+_KIMI_K2 = (r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
+            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
               r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
               r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
@@ -42,7 +49,7 @@ PRE_TOKENIZER_REGEXES = {
     "smaug-bpe": [_LLAMA3], "falcon3": [_LLAMA3], "pixtral": [_LLAMA3],
     "glm4": [_LLAMA3], "glm5": [_LLAMA3],                                  # llama.cpp's CHATGLM4: llama3's regex
     "gpt-4o": [_GPT4O], "llama4": [_GPT4O], "minimax-m2": [_GPT4O],
-    "tekken": [_TEKKEN], "deepseek-v3": _DEEPSEEK3,
+    "tekken": [_TEKKEN], "deepseek-v3": _DEEPSEEK3, "qwen35": [_QWEN35], "kimi-k2": [_KIMI_K2],
 }
 IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "dbrx", "smaug-bpe", "falcon3", "pixtral", "glm4", "glm5", "tekken"}
 NO_BOS = {"glm4", "glm5"}   # llama.cpp defines no BOS token for these
