@@ -187,6 +187,7 @@ class DecoderArch:
     swa_period = 0                          # families with sliding-window layers: the last of each period is global
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
+    attention_class = Attention             # a family's attention that SDPA cannot express overrides `attend`
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -310,6 +311,11 @@ class DecoderArch:
         return self.attention(spec.attention, t)
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> Attention:
+        return self.attention_class(self.attention_weights(spec, t), spec, self.hp.eps)
+
+    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict[str, torch.Tensor | None]:
+        """Q, K, V (split from a fused attn_qkv where the file has one), O, and the optional biases
+        and QK-norms."""
         if t.has(MT.ATTN_QKV):  # fused (the converter's --fuse-qkv): Q, K and V are row blocks of one tensor
             rows = qkv_rows(spec)
             w = dict(zip(("q", "k", "v"), t(MT.ATTN_QKV).split(rows)))
@@ -321,8 +327,7 @@ class DecoderArch:
         optional = {"q_bias": (MT.ATTN_Q, "bias"), "k_bias": (MT.ATTN_K, "bias"), "v_bias": (MT.ATTN_V, "bias"),
                     "o_bias": (MT.ATTN_OUT, "bias"), "q_norm": (MT.ATTN_Q_NORM, "weight"),
                     "k_norm": (MT.ATTN_K_NORM, "weight")}
-        w |= {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items() if k not in w}
-        return Attention(w, spec, self.hp.eps)
+        return w | {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items() if k not in w}
 
     def ffn(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         if spec.ffn == "moe":
@@ -380,7 +385,7 @@ class DecoderArch:
         return MoE(router=router, experts=self.routed_experts(t), act=self.activation, routing=self.routing(i),
                    selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
                    shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False),
-                   weight_before_ffn=self.weight_before_experts)
+                   weight_before_experts=self.weight_before_experts)
 
     def routed_experts(self, t: BlockTensors) -> nn.Module:
         """The layer's routed experts: held with the window, or (t.expert_slices > 1) read a

@@ -111,18 +111,19 @@ class MoE(Weights):
     def __init__(self, router: torch.Tensor, experts: nn.Module, act, routing: Routing,
                  selection_bias: torch.Tensor | None = None, shared: MLP | None = None,
                  shared_gate: torch.Tensor | None = None, router_bias: torch.Tensor | None = None,
-                 expert_biases: dict[str, torch.Tensor] | None = None, glu=None, weight_before_ffn: bool = False):
+                 expert_biases: dict[str, torch.Tensor] | None = None, glu=None, weight_before_experts: bool = False):
         biases = {f"{role}_bias": t for role, t in (expert_biases or {}).items()}   # up, gate, down: [E, rows]
         super().__init__({"router": router, "selection_bias": selection_bias, "shared_gate": shared_gate,
                           "router_bias": router_bias, "up_bias": None, "gate_bias": None, "down_bias": None, **biases})
         self.experts, self.act, self.routing, self.shared, self.glu = experts, act, routing, shared, glu
-        self.weight_before_ffn = weight_before_ffn   # Llama 4: the routing weight scales the expert's input
+        self.weight_before_experts = weight_before_experts   # Llama 4: the routing weight scales the expert's input
 
     def describe(self) -> str:
         return f"act={_name(self.glu or self.act)}, {self.routing}"
 
     def expert_biases(self) -> dict[str, torch.Tensor]:
-        return {role: b for role in ("up", "gate", "down") if (b := getattr(self, f"{role}_bias")) is not None}
+        """feed_forward's bias argument -> the experts' biases [E, rows], those the layer has."""
+        return {name: b for name in ("up_bias", "gate_bias", "down_bias") if (b := getattr(self, name)) is not None}
 
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
         # x: [B, T, hidden]
@@ -142,12 +143,12 @@ class MoE(Weights):
                 if not counts[e]:
                     continue
                 token, slot = groups[e] // k, groups[e] % k                         # [n_e], [n_e]
-                bias = {f"{role}_bias": b[e] for role, b in biases.items()}
+                bias = {name: b[e] for name, b in biases.items()}
                 w = weights[token, slot, None]                                            # [n_e, 1]
-                x_e = (flat[token] * w).to(flat.dtype) if self.weight_before_ffn else flat[token]
+                x_e = (flat[token] * w).to(flat.dtype) if self.weight_before_experts else flat[token]
                 y = feed_forward(x_e, up[j], down[j], None if gate is None else gate[j], self.act,
                                  glu=self.glu, **bias).to(out.dtype)                      # [n_e, hidden]
-                out.index_add_(0, token, y if self.weight_before_ffn else y * w)
+                out.index_add_(0, token, y if self.weight_before_experts else y * w)
         if self.shared is not None:
             s = self.shared(flat)
             if self.shared_gate is not None:

@@ -51,6 +51,7 @@ class SinkAttention(Attention):
 class GptOss(DecoderArch):
     neox_rope = True
     ffn_norm = MT.ATTN_POST_NORM
+    attention_class = SinkAttention
     swa_period = 2
     expert_gating = "softmax_weight"
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN})
@@ -62,9 +63,8 @@ class GptOss(DecoderArch):
         rope = replace(spec.rope, base=float(self.key(Keys.Rope.FREQ_BASE_SWA, spec.rope.base)))
         return replace(spec, span=int(self.key(Keys.Attention.SLIDING_WINDOW)), rope=rope)
 
-    def attention(self, spec: AttentionSpec, t: BlockTensors) -> Attention:
-        plain = super().attention(spec, t)
-        return SinkAttention({**plain.w, "sinks": t(MT.ATTN_SINKS)}, spec, self.hp.eps)
+    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict[str, torch.Tensor | None]:
+        return super().attention_weights(spec, t) | {"sinks": t(MT.ATTN_SINKS)}
 
     def normalizes_expert_weights(self) -> bool:
         return False   # the softmax over the chosen logits already sums to 1
