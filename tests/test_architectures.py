@@ -168,6 +168,18 @@ def test_a_window_holds_only_its_layers_weights(name, tiny_model, tmp_path):
     assert largest["weight_bytes"] == max(window_bytes(a, a + 2) for a in range(0, arch.hp.n_layers, 2))
 
 
+# |mean NLL in bfloat16 - in float32| in nats each tiny model may move: twice what it measured
+# (floor 0.004), on random ids of its 384-entry vocabulary (NLL about 7.7-8.4 nats). Measured:
+# qwen3 0.0010, qwen3moe 0.0031, mixtral 0.0145, qwen3next 0.0008, qwen35 0.0123, qwen35moe
+# 0.0007, nemotron_h 0.0020, nemotron_h_moe 0.0012, deepseek2 0.0271, deepseek2_lite 0.0092,
+# glm4moe 0.0181, mistral3 0.0044, qwen3vl 0.0048, qwen3vlmoe 0.0071, gpt-oss 0.0442, minimax-m2
+# 0.0111, llama4 0.0011, ernie4_5-moe 0.0102.
+BFLOAT16_NATS = {"qwen3": 0.004, "qwen3moe": 0.007, "mixtral": 0.03, "qwen3next": 0.004, "qwen35": 0.025,
+                 "qwen35moe": 0.004, "nemotron_h": 0.005, "nemotron_h_moe": 0.004, "deepseek2": 0.055,
+                 "deepseek2_lite": 0.02, "glm4moe": 0.037, "mistral3": 0.009, "qwen3vl": 0.01, "qwen3vlmoe": 0.015,
+                 "gpt-oss": 0.09, "minimax-m2": 0.023, "llama4": 0.004, "ernie4_5-moe": 0.021}
+
+
 @pytest.mark.parametrize("name", ARCHS)
 def test_bfloat16_compute_stays_close_to_float32(name, tiny_model):
     # routers, norms and recurrent scans stay in float32: only the matrix products round
@@ -177,4 +189,4 @@ def test_bfloat16_compute_stays_close_to_float32(name, tiny_model):
     nll = [torch.nn.functional.cross_entropy(x[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item()
            for x in (exact, rounded)]
     assert torch.isfinite(rounded).all()
-    assert nll[1] == pytest.approx(nll[0], rel=0.02)
+    assert abs(nll[1] - nll[0]) <= BFLOAT16_NATS[name]

@@ -6,6 +6,8 @@ from pipeline.errors import UserError
 from pipeline.tools.bench import _split
 from pipeline.tools.llamacpp import parse_final_estimate
 
+from .test_expert_slices import BIG_EXPERTS  # two layers larger than a 900 MiB budget in float32
+
 # the closing lines llama-perplexity printed for SmolLM2, head40k, ctx 512, --chunks 4
 LLAMA_OUTPUT = """[1]13.0665,[2]21.4582,[3]22.6003,[4]22.8855,
 0.12.864.566 I Final estimate: PPL = 22.8855 +/- 2.29357
@@ -32,6 +34,8 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
     "llama": dict(layers=3, hidden=256, ffn=512, heads=4, kv_heads=2),
     "qwen3moe": dict(family="qwen3moe", layers=3, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
                      experts=16, experts_used=4, expert_ffn=128),
+    "qwen3moe-bf16": dict(family="qwen3moe", layers=3, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="BF16",
+                          experts=16, experts_used=4, expert_ffn=128),
     "nemotron_h_moe": dict(family="nemotron_h_moe", layers=6, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
                            quant="Q4_K", experts=16, experts_used=4, expert_ffn=384, shared_ffn=256,
                            pattern="ME*EME", ssm_heads=8, ssm_head_dim=32, ssm_state=32, ssm_groups=2),
@@ -58,7 +62,7 @@ def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path, family)
     path = write_synthetic_gguf(tmp_path / "synthetic.gguf", shape, model_path("smollm2-135m"))
     assert not (tmp_path / "synthetic.gguf.partial").exists()
     gguf = GGUFIndex(path)
-    assert gguf.architecture == family
+    assert gguf.architecture == shape.family
     kinds = set()
     for name in ("blk.0.ffn_up_exps.weight", "blk.1.ffn_down_exps.weight", "blk.0.attn_q.weight",
                  "blk.0.attn_q_b.weight", "output.weight"):
@@ -70,7 +74,7 @@ def test_synthetic_model_runs_through_the_pipeline(tmp_path, model_path, family)
         gain = shape.head_gain if name == "output.weight" else 1.0
         assert abs(values.mean()) < 0.05 * gain / np.sqrt(info.shape[-1])
         assert values.std() == pytest.approx(gain / np.sqrt(info.shape[-1]), rel=0.02)
-    assert kinds <= {Q.Q4_0, Q.Q4_K} and (shape.quant == "Q4_0" or Q.Q4_K in kinds)
+    assert kinds <= {Q.Q4_0, Q.Q4_K, Q.BF16} and (shape.quant == "Q4_0" or Q[shape.quant] in kinds)
     r = run_pipeline(tmp_path / "run", model=str(path), ctx=64, chunks=2, window_layers=2)
     assert r["model"]["n_layers"] == shape.layers and r["placement"][0]["last"] == 2
     assert r["largest_window"]["weight_bytes"] > 0
@@ -101,19 +105,21 @@ def test_gpu_check_flow_on_the_cpu(capsys, model_path, tmp_path, monkeypatch):
     monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)     # the synthetic model is written here
     cfg = {"corpus": str(HEAD40K), "chunks": 2, "device": "cpu", "window_layers": 2,
            "compute_dtype": "bfloat16", "mean_nll_rel_tol": 0.003, "kl": ["smollm2-135m", "moe"],
-           "models": {"smollm2-135m": {"ctx": 128}, "moe": {"ctx": 128}},
-           "synthetic": {"moe": {**SYNTHETIC["qwen3moe"], "tokenizer_from": "smollm2-135m"}}}
+           "models": {"smollm2-135m": {"ctx": 128},
+                      "moe": {"ctx": 128, "sliced": {"device_memory": "900MiB", "compute_dtype": "float32"}}},
+           "synthetic": {"moe": {**BIG_EXPERTS, "tokenizer_from": "smollm2-135m"}}}
     assert gpu_check.check_all(cfg)
     assert (tmp_path / "moe.gguf").is_file() and synthetic.Shape
     out = capsys.readouterr().out.splitlines()
     rows = [line.split(" | ") for line in out if line.startswith("| cpu ")]
-    assert [r[0] for r in rows] == ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled",
-                                    "| cpu bfloat16 split"] * 2
+    passes = ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled", "| cpu bfloat16 split"]
+    assert [r[0] for r in rows] == passes * 2 + ["| cpu float32 experts held", "| cpu float32 in 900MiB"]
     assert rows[3][1] == "cpu [0..7) [7..9) [9..11) [11..13) [13..15) [15..17) [17..19) [19..21) [21..22) [22..30)"
+    assert rows[-1][1] == "cpu [0..1) in 2 expert slices [1..2) in 2 expert slices"
     assert all(r[-1] == "- |" for r in rows)  # no CUDA peak on the CPU
     verdicts = [line for line in out if line.endswith(("(ok)", "(FAIL)"))]
     assert [v.split(":")[0] for v in verdicts] == ["cycled vs whole (GPU)", "GPU vs CPU", "split vs CPU"] * 2 + \
-        ["KL pass vs own passes"]
+        ["expert slices planned", "sliced vs held (GPU)", "KL pass vs own passes"]
     assert all(v.endswith("(ok)") for v in verdicts)
 
 
@@ -175,3 +181,28 @@ def test_every_synthetic_shape_in_the_settings_can_be_written():
         check_shape(Shape(**{k: v for k, v in table.items() if k != "tokenizer_from"}))
     with pytest.raises(UserError, match="rows of 464 values, no multiple of 32"):
         check_shape(Shape(**{**SYNTHETIC["nemotron_h_moe"], "expert_ffn": 464}))
+
+
+def test_quantizations_of_a_bfloat16_synthetic_base_diverge_as_the_bits_fall(tmp_path, model_path):
+    """The overnight sweep in small: a bfloat16 synthetic MoE as the KL base and gguf-py's Q8_0
+    and Q4_0 of its matrices; the KL-divergence grows as the bits fall, from above zero."""
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    from pipeline.tools.synthetic import Shape, write_synthetic_gguf
+
+    from .helpers import HEAD40K, run_pipeline
+    from .tiny_gguf import rewrite_gguf
+
+    base = write_synthetic_gguf(tmp_path / "base-bf16.gguf", Shape(**SYNTHETIC["qwen3moe-bf16"]),
+                                model_path("smollm2-135m"))
+
+    def quantized(qtype):
+        def to(name, t, data):
+            return (quants.quantize(quants.dequantize(data, t), qtype), qtype) if t == Q.BF16 else (data, t)
+        return rewrite_gguf(base, tmp_path / f"{qtype.name}.gguf", to)
+
+    common = dict(kl_base=str(base), task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4)
+    kld = {q.name: run_pipeline(tmp_path / "runs", model=str(quantized(q)), **common)["kld"]["mean"]
+           for q in (Q.Q8_0, Q.Q4_0)}
+    assert 0 < kld["Q8_0"] < kld["Q4_0"]

@@ -14,8 +14,9 @@ def a_gpu_without_bfloat16(monkeypatch):
 
     def initialised(*args, **kwargs):
         raise AssertionError("CUDA was initialised in the scheduling process")
-    monkeypatch.setattr(torch.cuda, "mem_get_info", initialised)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", initialised)
+    for name in ("mem_get_info", "is_bf16_supported", "is_available", "device_count", "init"):
+        monkeypatch.setattr(torch.cuda, name, initialised)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
 
 
 def test_auto_is_float16_on_a_gpu_without_bfloat16(a_gpu_without_bfloat16):
@@ -35,3 +36,21 @@ def test_the_probe_runs_in_a_child_process_and_says_why_it_failed():
         cuda_probe.cuda_facts()
     assert isinstance(cuda_probe._probe(), str)   # asked once: the answer is kept
     cuda_probe._probe.cache_clear()
+
+
+def test_the_placement_finds_the_gpu_without_asking_torch_cuda(a_gpu_without_bfloat16, tmp_path):
+    from pipeline import PerplexityRun
+
+    run = PerplexityRun(model="smollm2-135m", device="auto", run_root=str(tmp_path), device_memory="4GiB")
+    windows = run.placement(check_memory=False)
+    assert {w.device for w in windows} == {"cuda"}
+
+
+def test_cuda_asked_for_where_there_is_none_is_one_line(monkeypatch):
+    from pipeline.run.placement import resolve_device
+
+    monkeypatch.setattr(cuda_probe, "_probe", lambda: "RuntimeError: Found no NVIDIA driver on your system.")
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(UserError, match=r"no CUDA device is available \(RuntimeError: Found no NVIDIA driver"):
+        resolve_device("cuda")

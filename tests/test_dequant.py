@@ -1,4 +1,6 @@
 """The torch dequantizers equal gguf-py's numpy dequantizers bit for bit."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -6,7 +8,7 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
 from pipeline.errors import UserError
-from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, dequantize
+from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, Uploads, dequantize
 
 QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -70,9 +72,10 @@ def test_a_type_without_a_torch_dequantizer_goes_through_gguf_py_piece_by_piece(
     assert torch.equal(out, torch.from_numpy(real(raw, Q.Q8_0)).to(torch.bfloat16))
 
 
-def iq1_m_blocks(rows: int, delta_bits: int, seed: int) -> np.ndarray:
+def iq1_m_blocks(rows: int, delta_bits: int | None, seed: int) -> np.ndarray:
     """Random IQ1_M blocks with a finite fp16 scale (spread over the top nibbles of the four
-    scale words) and each group's delta sign bit set (0x88) or cleared (0x00)."""
+    scale words) and the groups' delta sign bits as `delta_bits` sets them in each byte (0x88:
+    both set, 0x00: neither, 0x80 or 0x08: one; None: random)."""
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, size=(rows, GGML_QUANT_SIZES[Q.IQ1_M][1]), dtype=np.uint8)
     scale = rng.standard_normal(rows).astype(np.float16).view(np.uint16).astype(np.uint16)
@@ -80,18 +83,20 @@ def iq1_m_blocks(rows: int, delta_bits: int, seed: int) -> np.ndarray:
     for k in range(4):
         words[:, k] |= ((scale >> (4 * k)) & 0xF).astype(np.uint16) << 12
     raw[:, 48:56] = words.view(np.uint8)
-    raw[:, 32:48] = (raw[:, 32:48] & 0x77) | delta_bits
+    if delta_bits is not None:
+        raw[:, 32:48] = (raw[:, 32:48] & 0x77) | delta_bits
     return raw
 
 
-def test_iq1_m_matches_gguf_where_both_read_the_delta_alike():
-    raw = iq1_m_blocks(rows=16, delta_bits=0x88, seed=5)
+@pytest.mark.parametrize("delta_bits", [0x88, 0x00, 0x80, 0x08, None])
+def test_iq1_m_matches_gguf_with_either_delta_sign(delta_bits):
+    raw = iq1_m_blocks(rows=16, delta_bits=delta_bits, seed=5)
     np.testing.assert_array_equal(dequantize(raw, Q.IQ1_M).numpy().view(np.uint32),
                                   quants.dequantize(raw, Q.IQ1_M).view(np.uint32))
 
 
 def test_iq1_m_reads_the_delta_sign_as_ggml_does():
-    # ggml: delta = qh & 0x08 ? -IQ1S_DELTA : +IQ1S_DELTA per group of 8; gguf-py 0.19 gives -delta to all.
+    # ggml: delta = qh & 0x08 ? -IQ1S_DELTA : +IQ1S_DELTA per group of 8, as gguf-py's (qh & 0x08) == 0.
     # One block of scale 1.0 (fp16 0x3C00 in the scale words' top nibbles), group scales 0 (dl = 1), grid entry 0.
     block = np.zeros((2, GGML_QUANT_SIZES[Q.IQ1_M][1]), dtype=np.uint8)
     words = np.zeros((2, 4), dtype=np.uint16)
@@ -102,7 +107,7 @@ def test_iq1_m_reads_the_delta_sign_as_ggml_does():
     grid0 = quants.IQ1_S.grid.reshape(-1, 8)[0]
     np.testing.assert_array_equal(ours[0], np.tile(grid0 - np.float32(0.125), 32))
     np.testing.assert_array_equal(ours[1], np.tile(grid0 + np.float32(0.125), 32))
-    np.testing.assert_array_equal(ours[0], quants.dequantize(block, Q.IQ1_M)[0])
+    np.testing.assert_array_equal(ours, quants.dequantize(block, Q.IQ1_M))
 
 
 def test_unsupported_type_names_tensor_and_type():
@@ -142,3 +147,37 @@ def test_rows_that_are_not_a_multiple_of_256(qtype, row, monkeypatch):
     raw = random_blocks(qtype, rows=12, row_blocks=row // block, seed=row)
     np.testing.assert_array_equal(dequantize(raw, qtype).numpy().view(np.uint32),
                                   quants.dequantize(raw, qtype).view(np.uint32))
+
+
+class LateCopies(Uploads):
+    """A GPU stand-in whose host-to-device copies run only when an event after them is waited
+    for, as on a busy stream: a staging buffer refilled too early shows in the pieces."""
+    _staging, _copied = {}, {}
+
+    def __init__(self, stream: list):
+        super().__init__(torch.device("cpu"))
+        self.gpu, self.stream = True, stream
+
+    def staging(self, nbytes):
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def upload(self, buf):
+        piece = torch.empty_like(buf)
+        self.stream.append((piece, buf))
+        return piece, SimpleNamespace(synchronize=lambda: catch_up(self.stream))
+
+
+def catch_up(stream: list) -> None:
+    for piece, buf in stream:
+        piece.copy_(buf)
+    stream.clear()
+
+
+def test_a_staging_buffer_waits_for_the_copy_of_the_previous_tensor():
+    """Single-piece tensors back to back (norms, biases) each use buffer 0: the second may not
+    overwrite it while the first one's copy is still queued."""
+    stream = []
+    pieces = [piece for value in (1, 2, 3)
+              for _, piece in LateCopies(stream).pieces(np.full((1, 18), value, np.uint8), 4)]
+    catch_up(stream)
+    assert [int(p[0, 0]) for p in pieces] == [1, 2, 3]

@@ -1,6 +1,8 @@
 """A layer larger than its device runs its routed experts in slices: bit-identical to the
 layer held whole, planned by the preflight instead of refused, and refused in one line where
 not even one expert fits."""
+import json
+
 import pytest
 import torch
 
@@ -73,11 +75,60 @@ def test_a_budget_below_one_layer_runs_in_expert_slices(tmp_path, big_experts):
     assert [w["mean_nll"] for w in sliced["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
 
 
-def test_a_budget_below_one_expert_is_refused_naming_the_smallest(tmp_path, big_experts):
+def test_a_budget_below_one_expert_is_refused_naming_the_smallest_that_runs(tmp_path, big_experts):
+    """The budget named runs the whole pass, the Score task's head and scratch included (they
+    need more than the layer with one expert here)."""
     from pipeline import PerplexityRun
 
-    run = PerplexityRun(model=str(big_experts), device="cpu", run_root=str(tmp_path), device_memory="530MiB")
+    common = dict(model=str(big_experts), task="wikitext-2", corpus=str(HEAD40K), ctx=512, chunks=2)
+    run = PerplexityRun(device="cpu", run_root=str(tmp_path), device_memory="530MiB", **common)
     with pytest.raises(UserError, match=r"layer 0 on cpu needs .* but --device-memory is 0\.5 GiB, and one of its "
                                         r"128 experts at a time does not fit either; the smallest budget that works "
-                                        r"is \d+ MiB"):
+                                        r"is \d+ MiB") as refused:
         run.placement(check_memory=False)
+    smallest = int(str(refused.value).rsplit(" is ", 1)[1].split()[0])
+    result = run_pipeline(tmp_path, device_memory=f"{smallest}MiB", **common)
+    assert result["placement"][0]["expert_slices"] > 1
+    with pytest.raises(UserError):
+        PerplexityRun(device="cpu", run_root=str(tmp_path), device_memory=f"{smallest - 1}MiB",
+                      **common).placement()
+
+
+def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slices(tmp_path, big_experts):
+    """Slices outside, chunks inside: over 4 chunks each sliced window reads its layer's bytes of
+    the file once (not once per chunk); killed in its second slice, the rerun computes the
+    missing chunks of that slice only and gives the held layer's numbers bit for bit."""
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.paths import REPO_ROOT
+    from pipeline.store import outputs
+
+    common = dict(model=str(big_experts), task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4,
+                  windows_per_chunk=1)
+    whole = run_pipeline(tmp_path / "whole", window_layers=0, **common)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in common.items()] + ["--device-memory=900MiB", "--device=cpu"]
+    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root",
+           str(tmp_path / "sliced"), "--result-json", str(tmp_path / "sliced.json"), *args]
+    fault = "chunk-written@LayerWindow [0..1) cpu experts 2/2#2"   # the second chunk of the second slice
+    killed = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "LAYERCYCLE_FAULT": fault})
+    assert killed.returncode < 0, killed.stderr                        # SIGKILL
+    (partial,) = (tmp_path / "sliced" / "LayerWindow").glob("*.partial")
+    assert (partial / "experts-0.done").exists() and not (partial / "experts-1.done").exists()
+
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    sliced = json.loads((tmp_path / "sliced.json").read_text())
+    assert [w["mean_nll"] for w in sliced["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
+    gguf = GGUFIndex(big_experts)
+    for window in sorted((tmp_path / "sliced" / "LayerWindow").iterdir()):
+        manifest = outputs.read_manifest(window)
+        layer = manifest["identity"]["layers"][0]
+        file_bytes = sum(t.n_bytes for t in gguf.layer_tensors(layer))
+        if layer == 0:   # resumed: the second slice and the rest of the layer only, 2 of 4 chunks of that slice
+            assert manifest["chunks_computed"] == 4 and file_bytes / 2 < manifest["weight_file_bytes_read"] < file_bytes
+        else:
+            assert manifest["weight_file_bytes_read"] == file_bytes
+        assert not list(window.glob("experts-*")) and not (window / "stage.zarr").exists()

@@ -84,18 +84,18 @@ def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
         preflight.check_heads_fit([gguf, gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + 2 * head)
 
 
-def test_sliding_window_attention_counts_the_math_kernels_scores(model_path):
-    """Gemma-3's sliding layers (span 512) at ctx 1024 may run SDPA's math kernel: three
-    [batch, heads, ctx, ctx] float32 tensors; at ctx 512 no layer is sliding and one is counted."""
+def test_a_mask_with_grouped_heads_counts_the_math_kernels_scores_on_cuda_only(model_path):
+    """Gemma-3's sliding layers (span 512, 4 heads over 1 KV head) at ctx 1024: on CUDA SDPA's
+    flash and memory-efficient kernels take no boolean mask with grouped-query heads, and its
+    math kernel holds three [batch, heads, ctx, ctx] float32 tensors; the CPU kernel holds none
+    (measured: test_activation_memory.py); at ctx 512 no layer is masked on either."""
     from pipeline.gguf_io.reader import GGUFIndex
 
     gguf = GGUFIndex(model_path("gemma3-270m"))
     n_head = load_architecture(gguf).hp.n_head
-    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, n_head)   # noqa: E731
-    scores_512 = 4 * 4 * n_head * 512 * 512
-    # act(ctx) = c * ctx + k * scores(ctx), scores(1024) = 4 * scores(512): with k = 3 at 1024
-    # and 1 at 512 the difference is 12 - 2 = 10 scores(512) (it would be 2 with k = 1)
-    assert act(1024) - 2 * act(512) == 10 * scores_512
+    act = lambda ctx, device: preflight.activation_bytes(gguf, 4, ctx, n_head, device)   # noqa: E731
+    assert act(1024, "cuda") - act(1024, "cpu") == 3 * 4 * 4 * n_head * 1024 * 1024
+    assert act(512, "cuda") == act(512, "cpu")
 
 
 def test_attention_sinks_count_three_score_tensors(tiny_model):
@@ -104,7 +104,7 @@ def test_attention_sinks_count_three_score_tensors(tiny_model):
     from pipeline.gguf_io.reader import GGUFIndex
 
     gguf = GGUFIndex(tiny_model("gpt-oss")[1])                     # sliding window 32
-    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, 4)   # noqa: E731
+    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, 4) - preflight.KERNEL_WORKSPACE_BYTES   # noqa: E731
     assert act(32) - 2 * act(16) == 2 * 3 * 4 * 4 * 4 * 16 * 16     # = (4 - 2) x 3 scores(16)
 
 

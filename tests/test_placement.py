@@ -81,3 +81,20 @@ def test_auto_windows_do_not_depend_on_free_memory(monkeypatch, tmp_path):
     assert run.placement(check_memory=False) == first              # --device-memory decides
     auto = PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path))
     assert len(auto.placement(check_memory=False)) == 1            # a share of 1 TiB holds it all
+
+
+def test_a_second_host_reuses_the_windows_the_first_planned(monkeypatch, tmp_path):
+    """Auto windows without --device-memory follow the memory of the host that plans them; a
+    worker on a host with other memory, sharing the run root, takes the recorded windows."""
+    from pipeline import PerplexityRun
+    from pipeline.run import preflight
+
+    def host_with(total: int):
+        monkeypatch.setattr(preflight, "total_bytes", lambda device: total)
+        return PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path), windows_per_chunk=4)
+
+    small = host_with(1200 * 2**20).placement(check_memory=False)
+    assert len(small) > 1
+    assert host_with(2**40).placement(check_memory=False) == small
+    elsewhere = PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path / "other"))
+    assert len(elsewhere.placement(check_memory=False)) == 1       # another run root plans anew

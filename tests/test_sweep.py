@@ -1,10 +1,16 @@
 """Sweeps: the grid, shared tokenization, reuse of finished runs, tables and plots."""
 import csv
+import subprocess
+import sys
 
 import luigi
 
 from pipeline import Sweep
 from pipeline.flow.sweep import grid, load_sweep
+from pipeline.paths import REPO_ROOT
+
+from .helpers import assert_one_line_error
+from .tiny_gguf import rewrite_gguf
 
 SWEEP = """
 name = "t"
@@ -13,6 +19,7 @@ ctx = [64, 128]
 window_layers = [0, 15]
 chunks = 2
 kl_base = "smollm2-135m"
+device = "cpu"
 out = "{out}"
 """
 
@@ -29,6 +36,16 @@ def test_grid_crosses_every_axis(tmp_path):
     assert len(points) == 4
     assert {(p["ctx"], p["window_layers"]) for p in points} == {(64, 0), (64, 15), (128, 0), (128, 15)}
     assert all(p["model"] == "smollm2-135m" and p["chunks"] == 2 and p["kl_base"] == "smollm2-135m" for p in points)
+
+
+def test_every_placement_setting_of_a_run_is_a_sweep_key(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text('models = ["smollm2-135m"]\ncompute_dtype = ["float32", "bfloat16"]\ndevice_memory = "2GiB"\n'
+                    'device = "cpu"\ngpu_layers = 10\nfirst_layer = 5\nboundary_dtype = "bfloat16"\nshards = 2\n')
+    points = grid(load_sweep(str(path)))
+    assert [p["compute_dtype"] for p in points] == ["float32", "bfloat16"]
+    assert all(p["device_memory"] == "2GiB" and p["gpu_layers"] == 10 and p["first_layer"] == 5 and p["shards"] == 2
+               and p["boundary_dtype"] == "bfloat16" and p["device"] == "cpu" for p in points)
 
 
 def run_sweep(path, root) -> bool:
@@ -48,3 +65,35 @@ def test_sweep_writes_tables_and_plots_and_reuses_finished_runs(tmp_path):
     outputs = sorted(p.relative_to(root) for p in root.glob("*/*/manifest.json"))
     assert run_sweep(path, root)                                         # a rerun computes nothing
     assert sorted(p.relative_to(root) for p in root.glob("*/*/manifest.json")) == outputs
+
+
+def sweep_cli(path, root):
+    """`luigi --module pipeline Sweep --config PATH` from the repository root, as users type it."""
+    cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "Sweep", "--config", str(path),
+           "--run-root", str(root)]
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+
+
+def test_a_refused_point_is_a_row_and_the_kl_base_is_computed_once(tmp_path, model_path):
+    base = model_path("smollm2-135m")
+    copy = rewrite_gguf(base, tmp_path / "smollm2-copy.gguf", metadata={"general.name": "a copy"})
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(base.read_bytes()[:50_000_000])
+    settings = 'ctx = 64\nchunks = 2\nwindow_layers = 15\ndevice = "cpu"\nkl_base = "smollm2-135m"\n'
+    alone, grid_ = tmp_path / "alone.toml", tmp_path / "grid.toml"
+    alone.write_text(f'models = ["smollm2-135m"]\nout = "{tmp_path / "alone"}"\n' + settings)
+    grid_.write_text(f'models = ["smollm2-135m", "{copy}", "{truncated}"]\nout = "{tmp_path / "grid"}"\n' + settings)
+    root = tmp_path / "runs"
+
+    first = sweep_cli(alone, root)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("LayerWindow [15..30) cpu: chunk 1/1") == 1
+
+    second = sweep_cli(grid_, root)     # the base's chain is not computed again for the copy's KLD
+    assert second.stderr.count("LayerWindow [15..30) cpu: chunk 1/1") == 1, second.stderr
+    assert_one_line_error(second, "1 of 3 runs of the sweep were refused (truncated.gguf)")
+    rows = list(csv.DictReader(open(tmp_path / "grid" / "sweep.csv")))
+    assert [r["status"] for r in rows] == ["ok", "ok", "refused"]
+    assert "truncated.gguf is truncated" in rows[2]["reason"] and rows[2]["ppl"] == ""
+    assert float(rows[0]["kld_mean"]) == 0 and float(rows[1]["kld_mean"]) == 0 and rows[0]["ppl"] == rows[1]["ppl"]
+    assert "Sweep: 2/2 runs done" in second.stderr

@@ -1,5 +1,6 @@
 """Output identities: what changes the numbers changes the path, what does not, does not."""
 import json
+import time
 
 import numpy as np
 
@@ -100,4 +101,27 @@ def test_the_pass_line_estimates_the_pass_and_the_sweep():
     assert line == "pass 16.5/48 layers, 10 tok/s, 3m30s left"
     # two more passes like it: 2 x 48 x 8 x 10/12 = 640 s more
     assert pass_line(12, 12, 48, 2, 3, 8, 40.0, 10.0, 50.0).endswith("; sweep 14m10s left (2 more runs)")
+    # the window's load took 24 s (2 s a layer): once for each of the 24 layers after it, not per chunk
+    assert pass_line(12, 12, 48, 0, 3, 8, 40.0, 10.0, 50.0, 24.0) == "pass 16.5/48 layers, 10 tok/s, 4m18s left"
+    assert pass_line(12, 12, 48, 2, 3, 8, 40.0, 10.0, 50.0, 24.0).endswith("; sweep 18m10s left (2 more runs)")
     assert [duration(s) for s in (4.4, 725, 11220)] == ["4s", "12m05s", "3h07m"]
+
+
+def test_the_pace_of_a_window_counts_no_load(tmp_path):
+    """A window whose load takes long and whose chunks are quick: the pace after its first chunk
+    is the chunks' (the load is reported once), not the load spread over one chunk."""
+    from pipeline.store.arrays import ChunkedArray
+    from pipeline.store.chunk_writer import fill
+
+    seen = []
+
+    def load():
+        time.sleep(1.0)
+        return lambda i, data: data
+
+    out = ChunkedArray.create(tmp_path / "a.zarr", (4, 8, 2), 1, "float32", {})
+    fill(out, lambda i: np.zeros((1, 8, 2), np.float32), load, "t",
+         progress=lambda done, total, computed, tokens, started, load_s: seen.append(
+             (time.time() - started, load_s)))
+    spent, load_s = seen[0]
+    assert load_s >= 1.0 and spent < 0.5

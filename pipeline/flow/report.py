@@ -9,7 +9,7 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
     """scores: the Score task of each shard; scored: their figures combined (tasks.score_result)."""
     own = [t for t in chain if t.model == scores[0].model]   # without the KL base's own chain
     tokenize = next(outputs.read_manifest(t.out_dir()) for t in own if t.task_family == "Tokenize")
-    elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in chain)
+    elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in own)   # a KL base's chain is its own
     evaluated = tokenize["n_windows"] * spec.method.ctx
     hp = load_architecture(spec.gguf).hp
     layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in own if t.task_family == "LayerWindow"]

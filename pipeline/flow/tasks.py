@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import socket
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 from gguf import Keys
 
 from ..errors import UserError
+from ..numerics import numerics_identity
 from ..paths import RUNS, location
 from ..run import cuda_probe
 from ..run.placement import (
@@ -184,7 +186,7 @@ class Tokenize(OutputTask):
     def identity(self):
         s = self.spec()
         return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
-                "windows_per_chunk": self.windows_per_chunk}
+                "windows_per_chunk": self.windows_per_chunk, **numerics_identity()}
 
     def execute(self):
         from ..gguf_io.reader import open_gguf
@@ -238,6 +240,12 @@ class PlacedTask(OutputTask):
         first, last = (n_chunks * k // self.shards * self.windows_per_chunk for k in (self.shard, self.shard + 1))
         return range(first, min(last, n_sequences))
 
+    def numerics_identity(self) -> dict:
+        """The version of what computes this output: the package's and the model family's."""
+        from ..model.arch import ARCHITECTURES
+
+        return numerics_identity(ARCHITECTURES[self.spec().gguf.architecture].numerics)
+
     def shard_identity(self) -> dict:
         return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
 
@@ -284,9 +292,11 @@ class PlacedTask(OutputTask):
 
     def release_input(self) -> None:
         """Remove the boundary this task consumed, now that its own output is complete; it stays
-        while another consumer (of any process) reads it, and a later one recomputes it."""
+        while another consumer (of any process) reads it, and a later one recomputes it. A KL
+        base's last boundary stays for every run compared with it (PerplexityRun.score_tasks
+        marks it), the base's own run included."""
         source = self.source_task()
-        if isinstance(source, PlacedTask) and not self.keep_boundaries:
+        if isinstance(source, PlacedTask) and not self.keep_boundaries and not outputs.is_kept(source.out_dir()):
             outputs.remove_data(source.out_dir(), "boundary.zarr", "boundary_removed")
 
     def dtype_name(self, device: str) -> str:
@@ -318,19 +328,27 @@ class PlacedTask(OutputTask):
         return load_plan(tokenize.out_dir() / "tokens.zarr")
 
     def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, finite: bool = True,
-             write_behind: bool = False) -> dict:
+             write_behind: bool = False, part: str = "") -> dict:
         """Write the chunks of this task's array at `path` that are missing or damaged
         (store/chunk_writer.py), resuming what an interrupted run of this task left; with
         `finite`, a chunk holding a NaN or inf stops the task instead of being written; with
-        `write_behind`, a chunk is written while the next computes."""
+        `write_behind`, a chunk is written while the next computes; `part` names the array in
+        the progress lines of a task that fills several."""
+        import torch
+
         from ..store.chunk_writer import fill, resumable_array
 
         out = resumable_array(path, shape, self.windows_per_chunk, dtype,
                               {"identity": self.identity(), "output": self.out_dir().name})
-        label = self.label()
-        return fill(out, read, load, label, self.clock,
-                    progress=lambda *args: console.show_progress(self, label, *args),
-                    check=self.require_finite if finite else None, write_behind=write_behind)
+        label = f"{self.label()} {part}".strip()
+        try:
+            return fill(out, read, load, label, self.clock,
+                        progress=lambda *args: console.show_progress(self, label, *args),
+                        check=self.require_finite if finite else None, write_behind=write_behind)
+        except torch.OutOfMemoryError as e:
+            cause = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
+            raise UserError(f"{label}: the device ran out of memory ({cause}); the chunks completed are kept: "
+                            f"rerun with a smaller --device-memory or --windows-per-chunk") from None
 
     def require_finite(self, i: int, values: np.ndarray) -> None:
         """A NaN or inf is never a result: the pass stops, naming the task and the chunk."""
@@ -346,7 +364,8 @@ class Embed(PlacedTask):
         return self.clone(Tokenize)
 
     def identity(self):
-        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype, **self.shard_identity()}
+        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype, **self.shard_identity(),
+                **self.numerics_identity()}
 
     def execute(self):
         import torch
@@ -361,7 +380,11 @@ class Embed(PlacedTask):
         mine = self.shard_sequences(plan.n_sequences)
         shape = (len(mine), s.method.ctx, arch.hp.hidden)
         alive = len(self.windows()) + 1 if self.keep_boundaries else 2  # boundaries on disk at once
-        check_disk(shape, self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)), self.run_root)
+        # a window in expert slices keeps, as float32, its staged layer (two hidden states a
+        # token) and two accumulators (one each) while it runs
+        sliced = 4 * 4 * int(np.prod(shape)) if any(w.expert_slices > 1 for w in self.windows()) else 0
+        check_disk(shape, self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)), self.run_root,
+                   sliced)
         per = self.windows_per_chunk
 
         def read(i):  # [windows, ctx] token ids
@@ -391,20 +414,29 @@ class LayerWindow(PlacedTask):
     def identity(self):
         return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
                 "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
-                **self.shard_identity(), **self.device_identity()}
+                **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
 
     def pass_position(self) -> tuple[int, int, int, int]:
         """(layers before this window, in it, in the trunk, runs of a sweep after this one), for
-        the pass-level progress line."""
-        pending = Sweep.progress["pending"]
-        return self.first, self.last - self.first, self.windows()[-1].last, max(len(pending) - 1, 0)
+        the pass-level progress line; the runs still to come are read from the outputs on disk,
+        so every worker of a sweep, on any host, counts the same."""
+        from .sweep import runs_done, sweeps_with
+
+        if "_sweeps" not in self.__dict__:  # the records do not change while the task runs
+            self._sweeps = sweeps_with(self.run_root, _under(location(self.run_root), self))
+        mine = _under(location(self.run_root), self)
+        after = max((sum(not done and mine not in run["outputs"]
+                         for run, done in zip(record["runs"], runs_done(self.run_root, record)))
+                     for record in self._sweeps), default=0)
+        return self.first, self.last - self.first, self.windows()[-1].last, after
 
     def execute(self):
         import torch
 
+        from ..gguf_io.dequant import FILE_BYTES_READ
         from ..model.arch import load_architecture
         from ..model.executor import WindowExecutor
         from ..run.preflight import layer_weight_bytes
@@ -415,18 +447,18 @@ class LayerWindow(PlacedTask):
         work = self.begin()
         source = self.input_boundary()
         dtype = getattr(torch, self.dtype_name(device))
+        slices, read_before = self.window().expert_slices, FILE_BYTES_READ[0]
         loaded = []
 
-        slices = self.window().expert_slices
-
         def load():
-            loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype,
-                                         slices))
+            loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
             return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
 
-        # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
-        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk, load,
-                          write_behind=device.startswith("cuda"))
+        if slices > 1:
+            stats = self.fill_in_slices(work, source, device, dtype, slices, loaded)
+        else:  # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
+            stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk,
+                              load, write_behind=device.startswith("cuda"))
         peaks = device_peaks_mb(device)
         if loaded:
             loaded[0].release()
@@ -434,7 +466,64 @@ class LayerWindow(PlacedTask):
         else:  # every chunk was there already: the weights were never loaded
             weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
-        self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices, **peaks, **stats)
+        self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices,
+                    weight_file_bytes_read=FILE_BYTES_READ[0] - read_before, **peaks, **stats)
+
+    def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
+        """The one layer of this window with its routed experts in slices (model/sliced.py),
+        slices outside and chunks inside: the layer up to its MoE and the routing over every
+        chunk (stage.zarr), then each slice of experts over every chunk, added into a float32
+        accumulator (experts-J.zarr; a slice's `.done` mark written once it is whole, the
+        accumulator before it then removed), then the rest of the layer into the boundary.
+        Every array resumes chunk by chunk; each slice's experts are read once per pass."""
+        import torch
+
+        from ..model.arch import load_architecture
+        from ..model.arch.experts import expert_tensor_names, slice_firsts
+        from ..model.sliced import SlicedLayer
+        from ..store.arrays import ChunkedArray
+
+        def layer() -> SlicedLayer:
+            if not loaded:
+                loaded.append(SlicedLayer(load_architecture(self.spec().gguf), self.first, device, dtype, slices))
+            return loaded[0]
+
+        gguf = self.spec().gguf
+        n, ctx, H = source.array.shape
+        k = load_architecture(gguf).routing(self.first).n_used
+        as_tensor = lambda chunks: [torch.from_numpy(c) for c in chunks]  # noqa: E731
+        self.fill(work / "stage.zarr", (n, ctx, 2 * H + 2 * k), "float32", source.read_chunk,
+                  lambda: lambda i, x: layer().stage(torch.from_numpy(x)).numpy(), finite=False, part="attention")
+        staged = ChunkedArray.open(work / "stage.zarr")
+        firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
+        before = None                                   # the accumulator of the slices so far
+        for j, a in enumerate(firsts):
+            acc, done = work / f"experts-{j}.zarr", work / f"experts-{j}.done"
+            if not done.exists():
+                def read(i, so_far=before and ChunkedArray.open(before)):
+                    rows = staged.read_chunk(i)
+                    return rows, so_far.read_chunk(i) if so_far else np.zeros((*rows.shape[:2], H), np.float32)
+
+                def load(a=a):
+                    layer().load_slice(a)
+                    return lambda i, chunks: layer().add_slice(*as_tensor(chunks)).numpy()
+
+                self.fill(acc, (n, ctx, H), "float32", read, load, finite=False,
+                          part=f"experts {j + 1}/{len(firsts)}")
+                done.write_text("")
+            if before:
+                outputs.remove_tree(before)
+            before = acc
+        summed = ChunkedArray.open(before)
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype,
+                          lambda i: (staged.read_chunk(i), summed.read_chunk(i)),
+                          lambda: lambda i, chunks: layer().finish(*as_tensor(chunks)).numpy(),
+                          write_behind=device.startswith("cuda"))
+        outputs.remove_tree(work / "stage.zarr")
+        outputs.remove_tree(before)
+        for j in range(len(firsts)):
+            (work / f"experts-{j}.done").unlink(missing_ok=True)
+        return stats
 
 
 class Score(PlacedTask):
@@ -460,7 +549,7 @@ class Score(PlacedTask):
 
     def identity(self):
         identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
-                    **self.shard_identity(), **self.device_identity()}
+                    **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
         if self.kl_base:
             identity["kl_base"] = self.base_task().spec().model_sha256
         return identity
@@ -569,25 +658,45 @@ class PerplexityRun(RunTask):
         device = resolve_device(self.device)
         caps = {device: preflight.parse_size(self.device_memory)} if self.device_memory else {}
         dtypes = {d: compute_dtype_name(self.compute_dtype, d) for d in {device, "cpu"}}
-        fixed = preflight.window_fixed_bytes(s.gguf, self.windows_per_chunk, s.method.ctx, hp.n_head)
+        heads = [s.gguf] + ([kl_base_head] if kl_base_head is not None else [])
+        ends_on_cpu = self.gpu_layers >= 0 and self.first_layer + self.gpu_layers < hp.n_layers
 
         def pack(dev: str, first: int, last: int) -> list:
             import torch
 
-            per_layer, experts = preflight.layer_costs(s.gguf, hp.n_layers, getattr(torch, dtypes[dev]),
-                                                       range(first, last))
+            dtype = getattr(torch, dtypes[dev])
+            per_layer, experts = preflight.layer_costs(s.gguf, hp.n_layers, dtype, range(first, last))
             what = "--device-memory" if dev in caps else f"the {dev} budget ({preflight.AUTO_SHARE[dev]:.0%} of it)"
+            score_here = dev == ("cpu" if ends_on_cpu else device)   # the Score task runs on the last window's device
+            floor = preflight.heads_need(heads, dtype.itemsize)[0] if score_here else 0
+            fixed = preflight.window_fixed_bytes(s.gguf, self.windows_per_chunk, s.method.ctx, hp.n_head, dev)
             return pack_windows(per_layer, fixed, preflight.device_budget(dev, caps.get(dev)), first, last, dev,
-                                what, experts)
+                                what, experts, floor)
 
         windows = plan_placement(hp.n_layers, parse_window_layers(self.window_layers), self.gpu_layers,
                                  self.first_layer, device, pack)
+        if self.window_layers == "auto" and not self.device_memory:
+            with outputs.disk_errors(self.run_root):
+                windows = self.recorded_placement(windows, device, dtypes)
         check_tiling(windows, hp.n_layers)
         if check_memory:
             preflight.check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx,
                                    {w.device: dtypes[w.device] for w in windows},
-                                   heads=[s.gguf] + ([kl_base_head] if kl_base_head is not None else []), caps=caps)
+                                   heads=heads, caps=caps)
         return windows
+
+    def recorded_placement(self, windows: list, device: str, dtypes: dict) -> list:
+        """Auto windows sized from this host's memory, unless the run root records the windows
+        a first planner chose for the same model and settings: then those, so that workers on
+        hosts with other memory plan the same windows and share every output."""
+        s = self.spec()
+        key = {"model": s.model_sha256, "device": device, "dtypes": dtypes, "gpu_layers": self.gpu_layers,
+               "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.windows_per_chunk}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = location(self.run_root) / ".placements" / f"{digest}.json"
+        record = outputs.record_once(path, {**key, "placement": format_placement(windows),
+                                            "planned_on": socket.gethostname()})
+        return parse_placement(record["placement"])
 
     def base_model(self) -> str:
         """--kl-base as a model: a result JSON names the model of its run."""
@@ -600,13 +709,17 @@ class PerplexityRun(RunTask):
         if self.shards < 1:
             raise UserError(f"--shards must be >= 1, got {self.shards}")
         base = self.clone(PerplexityRun, model=self.base_model(), kl_base="") if self.kl_base else None
+        if base is not None and base.spec().tokenizer_id != self.spec().tokenizer_id:
+            raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
+                            f"compares distributions over the same vocabulary")
         params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf))}
         if base is not None:
-            if base.spec().tokenizer_id != self.spec().tokenizer_id:
-                raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
-                                f"compares distributions over the same vocabulary")
             params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory))}
-        return [self.clone(Score, shard=k, **params) for k in range(self.shards)]
+        scores = [self.clone(Score, shard=k, **params) for k in range(self.shards)]
+        with outputs.disk_errors(self.run_root):
+            for score in scores if base is not None else []:
+                outputs.keep_data(score.base_task().out_dir(), f"the KL base of {self.model}")
+        return scores
 
     def requires(self):
         try:
@@ -662,28 +775,46 @@ def _chain(tasks: list) -> list:
 
 
 class Sweep(luigi.Task):
-    """A grid of runs from a sweep file (pipeline/sweep.py); writes CSV, Markdown and plots."""
+    """A grid of runs from a sweep file (flow/sweep.py); writes CSV, Markdown and plots. A grid
+    point that is refused is a row with its reason, never the end of the sweep; the sweep then
+    exits non-zero, naming the refused points, after every other point was computed."""
     config = luigi.Parameter(description="sweep file, e.g. configs/sweeps/example.toml")
     run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
-    progress = {"total": 0, "done": 0, "pending": set()}   # runs of the sweep being scheduled
 
     def __init__(self, *args, **kwargs):
         console.install()
         super().__init__(*args, **kwargs)
 
-    def runs(self) -> list:
-        from .sweep import grid, load_sweep
+    def points(self) -> list[tuple[dict, list | str]]:
+        """(parameters, Score tasks) of each grid point, or (parameters, the reason it was refused)."""
+        from .sweep import grid, load_sweep, record_runs
 
-        return [PerplexityRun(run_root=self.run_root, **params) for params in grid(load_sweep(self.config))]
+        if "_points" not in self.__dict__:
+            self._points = []
+            for params in grid(load_sweep(self.config)):
+                try:
+                    run = PerplexityRun(run_root=self.run_root, **params)
+                    self._points.append((params, run.score_tasks()))
+                except (UserError, ValueError) as e:  # ValueError: a value luigi's parameter refuses
+                    self._points.append((params, str(e)))
+            root = location(self.run_root)
+            with outputs.disk_errors(self.run_root):
+                record_runs(self.run_root, self.config, [
+                    {"scores": [_under(root, s) for s in scores],
+                     "outputs": [_under(root, t) for t in _chain(scores) if t.model == scores[0].model]}
+                    for _, scores in self._points if not isinstance(scores, str)])
+        return self._points
 
     def requires(self):
         try:
-            scores = [s for run in self.runs() for s in run.score_tasks()]
+            points = self.points()
         except UserError:
             return []  # run() reports it
-        pending = {s.out_dir() for s in scores if not s.complete()}
-        Sweep.progress.update(total=len(scores), done=len(scores) - len(pending), pending=pending)
-        log.info(f"Sweep: {len(scores)} runs, {len(scores) - len(pending)} already done")
+        scores = [s for _, p in points if not isinstance(p, str) for s in p]
+        computed = [p for _, p in points if not isinstance(p, str)]
+        done = sum(all(s.complete() for s in p) for p in computed)
+        log.info(f"Sweep: {len(points)} runs, {done} already done"
+                 + (f", {len(points) - len(computed)} refused" if len(computed) < len(points) else ""))
         return scores
 
     def complete(self) -> bool:
@@ -691,23 +822,35 @@ class Sweep(luigi.Task):
 
     def run(self):
         from ..gguf_io.reader import open_gguf
-        from .sweep import load_sweep, table_row, write_plots, write_tables
+        from .sweep import load_sweep, refused_row, table_row, write_plots, write_tables
 
         out = load_sweep(self.config)["out"]
         rows = []
-        for run in self.runs():
-            result = run.result()
+        for params, scores in self.points():
+            if isinstance(scores, str):
+                rows.append(refused_row(params, scores))
+                continue
+            result = PerplexityRun(run_root=self.run_root, **params).result()
             rows.append(table_row(result, open_gguf(result["model"]["path"])))
         write_tables(rows, out)
         plots = write_plots(rows, out)
         print("\n" + (out / "sweep.md").read_text())
         print(f"{len(rows)} runs: {', '.join(str(p) for p in [out / 'sweep.csv', out / 'sweep.md', *plots])}")
+        refused = [r for r in rows if r["status"] == "refused"]
+        if refused:
+            raise UserError(f"{len(refused)} of {len(rows)} runs of the sweep were refused "
+                            f"({', '.join(r['model'] for r in refused)}); the table gives each reason")
+
+
+def _under(root, task) -> str:
+    """A task's output folder as a path under the run root."""
+    return str(task.out_dir().relative_to(root))
 
 
 @Score.event_handler(luigi.Event.SUCCESS)
 def _count_sweep_run(task) -> None:
-    p = Sweep.progress
-    if task.out_dir() in p["pending"]:
-        p["pending"].discard(task.out_dir())
-        p["done"] += 1
-        log.info(f"Sweep: {p['done']}/{p['total']} runs done")
+    from .sweep import runs_done, sweeps_with
+
+    for record in sweeps_with(task.run_root, _under(location(task.run_root), task)):
+        done = runs_done(task.run_root, record)
+        log.info(f"Sweep: {sum(done)}/{len(done)} runs done")

@@ -334,8 +334,8 @@ def iq1_s(b):
 
 
 def iq1_m(b):
-    """As ggml's dequantize_row_iq1_m. gguf-py 0.19 differs: its delta test is read as
-    `qh & (0x08 == 0)`, so every group gets -delta; where the bit is set both agree."""
+    """As ggml's dequantize_row_iq1_m (and gguf-py's: its `qh & 0x08 == 0` is `(qh & 0x08) == 0`
+    in Python, where `&` binds tighter than `==`): a group's delta is -delta where its sign bit is set."""
     n = b.shape[0]
     qs, qh, scales = b.split([QK_K // 8, QK_K // 16, QK_K // 32], dim=1)
     sc = _u16(scales)                                                   # [n, 4]; the fp16 scale in their top nibbles
@@ -378,6 +378,9 @@ PIECE_VALUES = 1 << 19
 GPU_PIECE_VALUES = 1 << 22
 
 
+FILE_BYTES_READ = [0]   # bytes of the file dequantized by this process: what a task reads of its weights
+
+
 def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", name: str = "",
                dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
@@ -386,6 +389,7 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     gguf-py's numpy one on the host, in the same pieces, so no copy of the whole tensor is made."""
     block, type_size = GGML_QUANT_SIZES[qtype]
     out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
+    FILE_BYTES_READ[0] += raw.nbytes
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
     fn, where = BLOCK_DEQUANTIZERS.get(qtype), torch.device(device)
@@ -404,36 +408,48 @@ class Uploads:
     staging buffers kept for the process: on the CPU one buffer, refilled for each piece
     (copying out of the read-only file map also makes the bytes contiguous and writable);
     on a GPU two pinned ones taking turns, each piece's copy asynchronous, so the host fills
-    one buffer while the other's copy and the dequantization run on the device."""
+    one buffer while the other's copy and the dequantization run on the device. The event
+    after a buffer's last copy lives as long as the buffer: the next piece written into it,
+    of this tensor or of the next one asked for, waits until that copy has left it."""
     _staging: dict[tuple[str, int], torch.Tensor] = {}
+    _copied: dict[tuple[str, int], object] = {}   # per buffer: the event after its last copy
 
     def __init__(self, device: torch.device):
         self.device, self.gpu = device, device.type != "cpu"
 
     def buffer(self, k: int, nbytes: int) -> torch.Tensor:
-        key = (self.device.type, k)
+        """Buffer k, free to be written: its last copy, of any call, has completed."""
+        key = (str(self.device), k)
+        copied = self._copied.pop(key, None)
+        if copied is not None:
+            copied.synchronize()
         buf = self._staging.get(key)
         if buf is None or buf.numel() < nbytes:
-            buf = self._staging[key] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.gpu)
+            buf = self._staging[key] = self.staging(nbytes)
         return buf
+
+    def staging(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.gpu)
+
+    def upload(self, buf: torch.Tensor) -> tuple[torch.Tensor, object]:
+        """(the bytes on the device, the event after their copy) of a filled staging buffer."""
+        piece = buf.to(self.device, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return piece, copied
 
     def pieces(self, blocks: np.ndarray, step: int):
         """(first block, piece [<= step, type_size] uint8 on the device) for blocks [n, type_size];
         a piece is valid until the next one but one is asked for."""
         n, width = blocks.shape
-        copied = [None, None]                 # on a GPU: the event after each buffer's last copy
         for k, start in enumerate(range(0, n, step)):
             rows, turn = min(step, n - start), k % 2 if self.gpu else 0
-            if copied[turn] is not None:
-                copied[turn].synchronize()    # that copy has left the buffer
             buf = self.buffer(turn, rows * width)[:rows * width].view(rows, width)
             buf.numpy()[...] = blocks[start:start + rows]
             if not self.gpu:
                 yield start, buf
                 continue
-            piece = buf.to(self.device, non_blocking=True)
-            copied[turn] = torch.cuda.Event()
-            copied[turn].record()
+            piece, self._copied[(str(self.device), turn)] = self.upload(buf)
             yield start, piece
 
 

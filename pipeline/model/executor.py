@@ -28,12 +28,15 @@ class WindowExecutor:
     def __call__(self, hidden: torch.Tensor, state: dict | None = None) -> torch.Tensor:
         # hidden: [B, T, hidden] float32 -> same shape, float32 on the CPU.
         # state: recurrent state to start from and leave behind, per layer (None: zero per row)
-        T = hidden.shape[1]
-        tables = self._tables.setdefault(T, Tables(T, self.device, self.dtype))
+        tables = self.tables(hidden.shape[1])
         x = hidden.to(self.device, self.dtype)
         for i, layer in enumerate(self.layers, start=self.first):
             x = layer(x, tables, None if state is None else state.setdefault(i, {}))
         return x.to("cpu", torch.float32)
+
+    def tables(self, T: int) -> Tables:
+        """RoPE tables, masks and temperatures for sequences of T tokens, built once."""
+        return self._tables.setdefault(T, Tables(T, self.device, self.dtype))
 
     def release(self) -> None:
         self.layers.clear()

@@ -23,6 +23,17 @@ def cuda_facts() -> dict:
     return facts
 
 
+def absent() -> str | None:
+    """Why no CUDA device can be used here, or None where one can: a torch built without CUDA
+    answers at once, any other is asked in the child process."""
+    import torch
+
+    if not torch.backends.cuda.is_built():
+        return "this torch was built without CUDA"
+    facts = _probe()
+    return facts if isinstance(facts, str) else None
+
+
 @functools.cache
 def _probe() -> dict | str:
     """The child process's answer, or its last line of error (kept too: asked once either way)."""

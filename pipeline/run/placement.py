@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from itertools import groupby
 
 from ..errors import UserError
+from . import cuda_probe
 
 
 @dataclass(frozen=True)
@@ -15,14 +16,18 @@ class Window:
 
 
 def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA device is available (use --device cpu or auto)")
-    if device not in ("cpu", "cuda"):
+    """The device a placement names: CUDA's presence is asked in a child process (cuda_probe),
+    never of torch.cuda here, so that a process that forks task workers keeps CUDA usable for them."""
+    if device not in ("cpu", "cuda", "auto"):
         raise UserError(f"unknown device {device!r} (cpu, cuda or auto)")
+    if device == "cpu":
+        return device
+    why = cuda_probe.absent()
+    if device == "auto":
+        return "cpu" if why else "cuda"
+    if why:
+        raise UserError(f"--device cuda was asked for but no CUDA device is available ({why}); "
+                        f"use --device cpu or auto")
     return device
 
 
@@ -45,18 +50,20 @@ def parse_window_layers(value) -> int | None:
 
 
 def pack_windows(per_layer: list[int], fixed: int, budget: int, first: int, last: int, device: str,
-                 what: str = "the budget", experts: list[tuple[int, int]] | None = None) -> list[Window]:
+                 what: str = "the budget", experts: list[tuple[int, int]] | None = None,
+                 floor: int = 0) -> list[Window]:
     """Layers [first, last) in the fewest windows whose weights plus `fixed` fit `budget`, each
     as long as it can be from where the last one ended. per_layer: weight bytes of each layer;
     experts: (bytes, count) of each layer's routed experts. A layer that cannot fit on its own
-    is a window of its own whose experts run in the fewest slices that fit."""
+    is a window of its own whose experts run in the fewest slices that fit. `floor`: what the
+    device needs besides the windows (the Score task), so a refusal names a budget that runs."""
     windows, start, held = [], first, 0
     for i in range(first, last):
         if per_layer[i] + fixed > budget:
             if held:
                 windows.append(Window(device, start, i))
             windows.append(Window(device, i, i + 1, expert_slices(per_layer[i], fixed, budget, i, device, what,
-                                                                  experts[i] if experts else (0, 0))))
+                                                                  experts[i] if experts else (0, 0), floor)))
             start, held = i + 1, 0
             continue
         if held and held + per_layer[i] + fixed > budget:
@@ -67,14 +74,15 @@ def pack_windows(per_layer: list[int], fixed: int, budget: int, first: int, last
 
 
 def expert_slices(layer: int, fixed: int, budget: int, i: int, device: str, what: str,
-                  experts: tuple[int, int]) -> int:
+                  experts: tuple[int, int], floor: int = 0) -> int:
     """The fewest slices layer i's routed experts run in so that the layer fits `budget`: its
-    other weights, one slice of experts and `fixed`. Refused where one expert does not fit."""
+    other weights, one slice of experts and `fixed`. Refused where one expert does not fit,
+    naming the smallest budget that runs (at least `floor`)."""
     expert_bytes, n = experts
     rest, per_expert = layer - expert_bytes, expert_bytes / n if n else 0
     room = budget - fixed - rest
     if not n or room < per_expert:
-        need = fixed + rest + (per_expert if n else expert_bytes)
+        need = max(fixed + rest + (per_expert if n else expert_bytes), floor)
         smallest = f"; the smallest budget that works is {math.ceil(need / 2**20)} MiB" if n else ""
         raise UserError(f"layer {i} on {device} needs about {(layer + fixed) / 2**30:.1f} GiB "
                         f"({layer / 2**30:.1f} GiB of weights) but {what} is {budget / 2**30:.1f} GiB"

@@ -17,6 +17,7 @@ from .placement import window_bytes
 
 GiB = 2 ** 30
 RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of a window task
+KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
 # the share of a device's total memory that auto-sized windows plan for, without --device-memory
 AUTO_SHARE = {"cpu": 0.75, "cuda": 0.9}
 UNITS = {"KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
@@ -29,27 +30,52 @@ def layer_weight_bytes(gguf: GGUFIndex, i: int, dtype) -> int:
     return sum(tensor_bytes(t, dtype) for t in gguf.layer_tensors(i))
 
 
-def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
-    """A generous bound on one forward batch: a few hidden-sized and FFN-sized float32 tensors
-    per token, attention scores [batch, heads, ctx, ctx] and the boundary chunks in and out.
-    Causal attention runs in a fused kernel; a sliding window's boolean mask may send it (with
-    grouped-query heads, on a GPU) to the math kernel, which holds the scores, the masked scores
-    and their softmax at once: three such float32 tensors; attention with sinks (computed
-    outside SDPA) holds three too, a block of queries at a time (at most SINK_SCORE_BYTES)."""
-    from gguf import Keys
+def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int, device: str = "cpu") -> int:
+    """What one forward batch of [batch, ctx] tokens holds at its peak besides the weights, on
+    `device`: the widest layer's activations per token (layer_activation_floats), and what the
+    attention kernel that runs holds beyond them. SDPA's kernels on the CPU (causal, sliding
+    window and chunked) and its flash and memory-efficient ones on CUDA never hold the
+    [batch, heads, ctx, ctx] scores; a boolean mask (a window or chunk shorter than ctx) is
+    kept, [ctx, ctx]; on CUDA a mask with grouped-query
+    heads sends SDPA to its math kernel, which holds the scores, the masked scores and their
+    softmax, three float32 score tensors; attention with sinks (computed outside SDPA) holds
+    three too, a block of queries at a time (at most SINK_SCORE_BYTES)."""
+    from ..model.arch import load_architecture
+    from ..model.arch.gpt_oss import SINK_SCORE_BYTES, SinkAttention
 
-    from ..model.arch.gpt_oss import SINK_SCORE_BYTES
-
-    widest = max((t.shape[-2] for n, t in gguf.tensors.items() if n.startswith("blk.0.") and len(t.shape) >= 2),
-                 default=0)
-    hidden = gguf.tensors["token_embd.weight"].shape[-1]
-    span = int(gguf.arch_value(Keys.Attention.SLIDING_WINDOW, 0) or 0)
+    arch = load_architecture(gguf)
+    specs = [spec.attention for spec in map(arch.layer_spec, range(arch.hp.n_layers)) if spec.attention]
+    per_token = max(layer_activation_floats(gguf, i, arch.hp.hidden) for i in range(arch.hp.n_layers))
     scores = 4 * batch * n_head * ctx * ctx
-    if any(n.endswith("attn_sinks.weight") for n in gguf.tensors):
-        scores = min(3 * scores, SINK_SCORE_BYTES)
-    elif 0 < span < ctx:
-        scores = 3 * scores
-    return 4 * batch * ctx * (8 * hidden + 3 * widest) + scores
+    masked = [a for a in specs if (a.span or ctx) < ctx or (a.chunk or ctx) < ctx]
+    extra = ctx * ctx if masked else 0
+    if arch.attention_class is SinkAttention:
+        extra += min(3 * scores, SINK_SCORE_BYTES)
+    elif device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
+        extra += 3 * scores
+    return KERNEL_WORKSPACE_BYTES + 4 * batch * ctx * per_token + extra
+
+
+def layer_activation_floats(gguf: GGUFIndex, i: int, hidden: int) -> int:
+    """Float32 values per token that layer i's forward holds at its peak, from what the layer has
+    (measured on the CPU for dense, MoE, attention-only and Mamba2 layers: tests/test_memory.py):
+    the residual stream, 2.5 x hidden; an attention, twice its widest projection; a dense or
+    shared MLP, twice its width; routed experts, 2 x hidden and 8 per expert (router logits,
+    probabilities, the sort); a recurrent mixer, 9 x its widest projection (its blockwise scan)."""
+    rows: dict[str, int] = {}
+    for t in gguf.layer_tensors(i):
+        kind = t.name.split(".")[2]
+        if len(t.shape) >= 2:
+            group = ("ssm" if kind.startswith("ssm_") else "attn" if kind.startswith("attn_") else
+                     "experts" if kind.endswith("_exps") else "router" if kind == "ffn_gate_inp" else
+                     "mlp" if kind.startswith("ffn_") else "other")
+            rows[group] = max(rows.get(group, 0), t.shape[-2])
+    floats = 2.5 * hidden + 2 * rows.get("attn", 0) + 2 * rows.get("mlp", 0)
+    if "router" in rows:
+        floats += 2 * hidden + 8 * rows["router"]
+    if "ssm" in rows:
+        floats += 9 * max(rows["ssm"], rows.get("attn", 0))
+    return int(floats)
 
 
 def parse_size(text: str) -> int:
@@ -80,9 +106,9 @@ def device_budget(device: str, cap: int | None) -> int:
                                            * total_bytes(device))
 
 
-def window_fixed_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int) -> int:
-    """What a window task holds besides its weights."""
-    return RUNTIME_BYTES + activation_bytes(gguf, batch, ctx, n_head)
+def window_fixed_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int, device: str = "cpu") -> int:
+    """What a window task on `device` holds besides its weights."""
+    return RUNTIME_BYTES + activation_bytes(gguf, batch, ctx, n_head, device)
 
 
 def available_bytes(device: str) -> int:
@@ -161,28 +187,32 @@ def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: in
 
     caps = caps or {}
     dtypes = {d: getattr(torch, name) for d, name in dtype_names.items()}
-    fixed = window_fixed_bytes(gguf, batch, ctx, n_head)
     usable = {}
     for device in {w.device for w in windows}:
         free = available_bytes(device)
         usable[device] = min(free, caps[device]) if device in caps else free
     for device in sorted(usable):
         per_layer, experts = layer_costs(gguf, n_layers, dtypes[device])
-        check_windows_fit([w for w in windows if w.device == device], per_layer, fixed, dtype_names, usable,
-                          experts)
+        check_windows_fit([w for w in windows if w.device == device], per_layer,
+                          window_fixed_bytes(gguf, batch, ctx, n_head, device), dtype_names, usable, experts)
     last = windows[-1].device
     check_heads_fit(heads or [gguf], last, dtype_names[last], dtypes[last].itemsize, usable[last])
+
+
+def heads_need(ggufs: list[GGUFIndex], element_size: int) -> tuple[int, int, list[str]]:
+    """(bytes the Score task needs, of them the heads' weights, the heads' tensor names)."""
+    from ..model.scoring import SCRATCH_BYTES
+
+    names = ["output.weight" if "output.weight" in g.tensors else "token_embd.weight" for g in ggufs]
+    weights = sum(element_size * int(np.prod(g.tensors[n].shape)) for g, n in zip(ggufs, names))
+    return RUNTIME_BYTES + weights + SCRATCH_BYTES, weights, names
 
 
 def check_heads_fit(ggufs: list[GGUFIndex], device: str, dtype_name: str, element_size: int, available: int) -> None:
     """The Score task holds the dequantized LM head of each model it scores (two with a KL base)
     and a block of logits (rows x a slice of the vocabulary) with their temporaries on the last
     window's device."""
-    from ..model.scoring import SCRATCH_BYTES
-
-    names = ["output.weight" if "output.weight" in g.tensors else "token_embd.weight" for g in ggufs]
-    weights = sum(element_size * int(np.prod(g.tensors[n].shape)) for g, n in zip(ggufs, names))
-    need = RUNTIME_BYTES + weights + SCRATCH_BYTES
+    need, weights, names = heads_need(ggufs, element_size)
     if need > available:
         what = f"the LM head ({names[0]})" if len(ggufs) == 1 else "the LM heads of the model and its KL base"
         advice = "; --compute-dtype bfloat16 halves it" if element_size == 4 else ""
@@ -191,11 +221,13 @@ def check_heads_fit(ggufs: list[GGUFIndex], device: str, dtype_name: str, elemen
                         f"are available{advice}")
 
 
-def check_disk(shape: tuple[int, int, int], boundary_dtype: str, alive: int, free: int | None, run_root: str) -> None:
+def check_disk(shape: tuple[int, int, int], boundary_dtype: str, alive: int, free: int | None, run_root: str,
+               extra: int = 0) -> None:
     """Refuse a pass whose boundaries ([sequences, ctx, hidden], `alive` of them on disk at
-    once) and scores cannot fit the `free` bytes of the run root's disk (None: an object store)."""
+    once), scores and `extra` bytes cannot fit the `free` bytes of the run root's disk (None:
+    an object store)."""
     width = 4 if boundary_dtype == "float32" else 2
-    need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1]
+    need = alive * width * int(np.prod(shape)) + 8 * shape[0] * shape[1] + extra
     if free is not None and need > free:
         raise UserError(f"the pass needs about {need / GiB:.2f} GiB under {run_root} "
                         f"({alive} boundaries of {shape}) but {free / GiB:.2f} GiB are free")

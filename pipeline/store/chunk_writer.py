@@ -37,7 +37,9 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
     thread reads one chunk ahead (the first while `load` runs). `check(i, data)` sees each
     chunk before it is written and raises to stop the task without writing it. Each chunk
     computed is journalled beside the array (`journal.log`); `progress(done, total, computed,
-    tokens, started)` is called after each. With `write_behind` a chunk is compressed and
+    tokens, started, load_s)` is called after each: `started` is when the first chunk began
+    computing, after the `load_s` seconds that `load` took, so that the pace of the chunks
+    counts no load. With `write_behind` a chunk is compressed and
     written by another thread while the next one computes, one write in flight at most (a kill
     loses at most two chunks: the one computing and the one being written; else one). Returns
     the counts for the task's manifest."""
@@ -47,7 +49,7 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
     corrupted = [i for i in todo if out.chunk_file(i).is_file()]
     for i in corrupted:
         log.warning(f"{label}: chunk {i} failed its checksum; recomputing it")
-    started, done_tokens = time.time(), 0
+    started, load_s, done_tokens = time.time(), 0.0, 0
 
     def store(k: int, i: int, data) -> None:
         nonlocal done_tokens
@@ -59,7 +61,7 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
         failpoint("chunk-written", label)
         done_tokens += data.shape[0] * out.array.shape[1]
         if progress is not None:
-            progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started)
+            progress(out.n_chunks - len(todo) + k, out.n_chunks, k, done_tokens, started, load_s)
 
     with (ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead") as reader,
           ThreadPoolExecutor(max_workers=1, thread_name_prefix="write-behind") as writer):
@@ -67,6 +69,7 @@ def fill(out: ChunkedArray, read, load, label: str, clock: Stopwatch | None = No
         if todo:
             with clock("load"):
                 compute = load()
+            load_s, started = time.time() - started, time.time()
         for k, i in enumerate(todo, 1):
             append_line(journal, f"computing {i}")
             with clock("read"):  # what the read-ahead did not hide

@@ -100,6 +100,48 @@ def _remove_flagged(out, name: str, flag: str, readers) -> bool:
     return True
 
 
+def keep_data(out, why: str) -> None:
+    """Mark `out`'s data as needed by runs still to come (a KL base's last boundary): it is then
+    never removed once its consumer completed. The mark lives beside the locks, so it can be set
+    before the output exists."""
+    mark = _lock_path(out, "kept")
+    if not mark.exists():
+        make_parent(mark)
+        mark.write_text(why + "\n")
+
+
+def make_parent(path) -> None:
+    """The folder a file is written into, on local disk (an object store has no folders, and
+    making one there would create a missing bucket)."""
+    if is_local(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+
+def is_kept(out) -> bool:
+    return _lock_path(out, "kept").exists()
+
+
+def record_once(path, data: dict) -> dict:
+    """The record at `path`: `data` if none was written yet, else the first one written there
+    (by any process, on any host sharing the run root)."""
+    make_parent(path)
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    try:
+        if is_local(path):
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            try:
+                os.link(tmp, path)   # whole, and only where absent
+            finally:
+                tmp.unlink()
+        else:
+            with path.fs.open(path.path, "xb") as f:   # a conditional put
+                f.write(text.encode())
+        return data
+    except FileExistsError:
+        return json.loads(path.read_text())
+
+
 def write_json(path, data: dict) -> None:
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     if not is_local(path):  # one object, written whole or not at all
@@ -210,7 +252,7 @@ def reading(out, reader: str):
 
 def _lock_path(out, kind: str = "lock"):
     """`lock`: held by the task producing `out`; `readers`: shared by tasks reading it (on an
-    object store, a folder of markers)."""
+    object store, a folder of markers); `kept`: its data stays (keep_data)."""
     return out.parent.parent / ".locks" / f"{out.parent.name}.{out.name}.{kind}"
 
 

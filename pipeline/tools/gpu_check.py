@@ -13,6 +13,9 @@ reserved), and checks:
 - cycled == whole on the GPU, every sequence's NLL bit for bit (a boundary holds the compute
   dtype's values exactly in float32);
 - GPU and split vs CPU: mean NLL within the configured tolerance;
+- where a model sets `sliced` (a `device_memory` below one layer, and a `compute_dtype`): the
+  pass planned for that budget runs its layers in expert slices, and equals the whole-trunk
+  pass in that dtype on the GPU, every sequence's NLL bit for bit;
 - the KL pass's two perplexities equal the two models' own passes exactly.
 
 Exits 1 when a check fails.
@@ -81,18 +84,37 @@ def check_model(alias: str, cfg: dict) -> tuple[bool, dict]:
             f"{dev} {dtype} split": run(model, cfg, ctx, root / "split", window_layers=cfg["window_layers"],
                                         gpu_layers=n_layers // 2, first_layer=n_layers // 4),
         }
+        sliced = cfg["models"][alias].get("sliced")
+        if sliced:
+            held = sliced["compute_dtype"]
+            passes |= {
+                f"{dev} {held} experts held": run(model, cfg, ctx, root / "held", window_layers=0,
+                                                  compute_dtype=held),
+                f"{dev} {held} in {sliced['device_memory']}": run(model, cfg, ctx, root / "sliced",
+                                                                  compute_dtype=held,
+                                                                  device_memory=sliced["device_memory"]),
+            }
     print(f"\n## {alias} (ctx {ctx})\n")
     print("| run | placement | mean NLL | PPL | tokens/s | peak CUDA MB per window (allocated/reserved) |")
     print("|---|---|---|---|---|---|")
     for name, (r, windows) in passes.items():
         print(f"| {name} | {r['placement_text']} | {r['mean_nll']:.6f} | {r['ppl']:.4f} | {r['tokens_per_s']:.1f} "
               f"| {peaks(windows)} |")
-    cpu, whole, cycled, split = (r for r, _ in passes.values())
-    same = [w["mean_nll"] for w in cycled["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]
-    ok = check("cycled vs whole (GPU)", same, "every sequence's NLL identical" if same else "sequences differ")
+    cpu, whole, cycled, split = (r for r, _ in list(passes.values())[:4])
+    ok = identical("cycled vs whole (GPU)", cycled, whole)
     ok &= close("GPU vs CPU", whole, cpu, cfg["mean_nll_rel_tol"])
     ok &= close("split vs CPU", split, cpu, cfg["mean_nll_rel_tol"])
+    if sliced:
+        (held, _), (in_slices, _) = list(passes.values())[4:]
+        ok &= check("expert slices planned", "expert slices" in in_slices["placement_text"],
+                    f"{sliced['device_memory']}: {in_slices['placement_text']}")
+        ok &= identical("sliced vs held (GPU)", in_slices, held)
     return ok, whole
+
+
+def identical(label: str, a: dict, b: dict) -> bool:
+    same = [w["mean_nll"] for w in a["per_window"]] == [w["mean_nll"] for w in b["per_window"]]
+    return check(label, same, "every sequence's NLL identical" if same else "sequences differ")
 
 
 def check_kl(cfg: dict, own: dict[str, dict]) -> bool:

@@ -74,8 +74,8 @@ GATED_EXPERTS = ("qwen3moe", "deepseek2")      # SwiGLU experts (nemotron_h_moe'
 def check_shape(shape: Shape) -> None:
     if shape.family not in FAMILIES:
         raise UserError(f"synthetic family {shape.family!r} is not one of {', '.join(FAMILIES)}")
-    if shape.quant not in ("Q4_0", "Q4_K"):
-        raise UserError(f"synthetic quant {shape.quant!r}: Q4_0 or Q4_K")
+    if shape.quant not in ("Q4_0", "Q4_K", "BF16"):
+        raise UserError(f"synthetic quant {shape.quant!r}: Q4_0, Q4_K or BF16")
     if shape.family == "nemotron_h_moe" and (len(shape.pattern) != shape.layers or set(shape.pattern) - set("ME*")):
         raise UserError(f"synthetic nemotron_h_moe: pattern {shape.pattern!r} needs one of M, E, * per layer")
     block = GGML_QUANT_SIZES[Q.Q4_0][0]
@@ -85,7 +85,13 @@ def check_shape(shape: Shape) -> None:
 
 
 def _blocks(rng: np.random.Generator, qtype: Q, n_values: int, fan_in: int, gain: float) -> np.ndarray:
-    """Random blocks of `qtype` for n_values values of mean 0, std gain/sqrt(fan_in): uint8 [n_blocks, type_size]."""
+    """Random blocks of `qtype` for n_values values of mean 0, std gain/sqrt(fan_in): uint8 [n_blocks, type_size].
+    BF16: normal values (the base a quantization sweep makes its files from); Q4_0, Q4_K: uniform nibbles."""
+    if qtype == Q.BF16:
+        values = rng.standard_normal(n_values, dtype=np.float32) * np.float32(gain / np.sqrt(fan_in))
+        bits = values.view(np.uint32)
+        bits += 0x7FFF + ((bits >> 16) & 1)                               # round to nearest even
+        return (bits >> 16).astype(np.uint16).view(np.uint8).reshape(-1, 2)
     block, size = GGML_QUANT_SIZES[qtype]
     raw = np.frombuffer(rng.bytes(n_values // block * size), dtype=np.uint8).reshape(-1, size).copy()
     step = gain / (np.sqrt((16 ** 2 - 1) / 12) * np.sqrt(fan_in))      # a uniform nibble's std is 4.61

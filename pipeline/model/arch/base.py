@@ -153,7 +153,13 @@ class Residual(Weights):
         self.op, self.eps = op, eps
 
     def forward(self, x: torch.Tensor, tables: Tables, state: dict | None) -> torch.Tensor:
-        y = self.op(rms_norm(x, self.norm, self.eps), tables, state)
+        return self.add(x, self.op(self.op_input(x), tables, state))
+
+    def op_input(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.norm, self.eps)
+
+    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The residual stream x with the op's output y added."""
         return x + (rms_norm(y, self.post_norm, self.eps) if self.post_norm is not None else y)
 
 
@@ -188,6 +194,7 @@ class DecoderArch:
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     attention_class = Attention             # a family's attention that SDPA cannot express overrides `attend`
+    numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf

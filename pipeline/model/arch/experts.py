@@ -1,10 +1,12 @@
 """Where a mixture-of-experts layer's routed experts come from.
 
 Held: dequantized with the rest of the window. In slices, for a layer larger than its device:
-experts [a, b) are dequantized into one scratch space, run on every token of the chunk routed to
-them, then overwritten by the next slice; a slice none of whose experts has a token is never
-read. Either way the experts run one at a time in index order and their outputs are summed in
-the same order, so a sliced layer gives the held layer's numbers bit for bit.
+experts [a, b) are dequantized into one scratch space, run on the tokens routed to them, then
+overwritten by the next slice. A window task runs each slice over every chunk of the corpus
+before the next (model/sliced.py), so each expert is read once per pass; called on one batch
+(`slices`), a slice none of whose experts has a token is never read. Either way the experts run
+one at a time in index order and their outputs are summed in the same order, so a sliced layer
+gives the held layer's numbers bit for bit.
 """
 import math
 
@@ -34,6 +36,11 @@ def expert_tensor_names(gguf: GGUFIndex, i: int) -> dict[str, str]:
     return {role: name for role, name in names.items() if name in gguf.tensors}
 
 
+def slice_firsts(n_experts: int, n_slices: int) -> range:
+    """The first expert of each of the (at most) n_slices slices of equal count."""
+    return range(0, n_experts, math.ceil(n_experts / n_slices))
+
+
 class HeldExperts(Weights):
     """Every expert of the layer, dequantized with the window: [E, ff, hidden] up and gate,
     [E, hidden, ff] down."""
@@ -55,7 +62,8 @@ class SlicedExperts(Weights):
                  weights: WeightBlock | None):
         self.gguf, self.names, self.device = gguf, names, device
         self.n_experts = gguf.tensors[names["down"]].shape[0]
-        self.per_slice = math.ceil(self.n_experts / n_slices)
+        self.firsts = slice_firsts(self.n_experts, n_slices)
+        self.per_slice = self.firsts.step
         scratch = {}
         for role, name in names.items():
             shape, dt = (self.per_slice, *gguf.tensors[name].shape[1:]), held_dtype(name, dtype)
@@ -68,16 +76,18 @@ class SlicedExperts(Weights):
 
     def slices(self, counts: list[int]):
         """(first expert, up, down, gate) of each slice holding an expert with tokens."""
-        for a in range(0, self.n_experts, self.per_slice):
-            b = min(a + self.per_slice, self.n_experts)
-            if not any(counts[a:b]):
-                continue
-            loaded = {}
-            for role, name in self.names.items():
-                info, out = self.gguf.tensors[name], self.w[role][:b - a]
-                loaded[role] = dequantize(self.gguf.raw(name)[a:b], info.qtype, self.device, name, out.dtype, out=out)
-                self.gguf.release_pages(name)
-            if "gate_up" in loaded:
-                loaded["gate"], loaded["up"] = split_gate_up(loaded.pop("gate_up"))
-            yield a, loaded["up"], loaded["down"], loaded.get("gate")
+        for a in self.firsts:
+            if any(counts[a:a + self.per_slice]):
+                yield self.load(a)
 
+    def load(self, a: int) -> tuple:
+        """(a, up, down, gate) of the slice of experts from a, dequantized into the scratch tensors."""
+        b = min(a + self.per_slice, self.n_experts)
+        loaded = {}
+        for role, name in self.names.items():
+            info, out = self.gguf.tensors[name], self.w[role][:b - a]
+            loaded[role] = dequantize(self.gguf.raw(name)[a:b], info.qtype, self.device, name, out.dtype, out=out)
+            self.gguf.release_pages(name)
+        if "gate_up" in loaded:
+            loaded["gate"], loaded["up"] = split_gate_up(loaded.pop("gate_up"))
+        return a, loaded["up"], loaded["down"], loaded.get("gate")

@@ -128,30 +128,55 @@ class MoE(Weights):
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
         # x: [B, T, hidden]
         flat = x.reshape(-1, x.shape[-1])                                     # [N, hidden]
+        routed = self.route(flat)
+        out = torch.zeros(flat.shape, dtype=routed.weights.dtype, device=flat.device)  # summed in float32 or wider
+        self.add_experts(flat, routed, out, self.experts.slices(routed.counts))
+        return self.finish(flat, out).view_as(x)
+
+    def route(self, flat: torch.Tensor) -> "Routed":
+        """The routing of the tokens flat [N, hidden]."""
         weights, experts = route(F.linear(wide(flat), self.router, self.router_bias), self.routing, self.selection_bias)
-        out = torch.zeros(flat.shape, dtype=weights.dtype, device=flat.device)  # summed in float32 or wider
-        # the (token, slot) pairs grouped by expert, tokens ascending in each group (a stable
-        # sort); one count per expert is the only value that goes to the host
-        k = experts.shape[1]
-        pairs = torch.sort(experts.flatten(), stable=True).indices               # [N * k]
-        counts = torch.bincount(experts.flatten(), minlength=self.experts.n_experts).tolist()
-        groups = pairs.split(counts)
-        biases = self.expert_biases()
-        for first, up, down, gate in self.experts.slices(counts):                # [n, ff, hidden] ...
+        return Routed.of(weights, experts, self.experts.n_experts)
+
+    def add_experts(self, flat: torch.Tensor, routed: "Routed", out: torch.Tensor, slices) -> None:
+        """Add into out [N, hidden] (float32 or wider) the output of the experts of `slices`
+        ((first expert, up, down, gate) each), in expert order, each on its routed tokens."""
+        k, biases = routed.experts.shape[1], self.expert_biases()
+        for first, up, down, gate in slices:                                      # [n, ff, hidden] ...
             for j in range(up.shape[0]):
                 e = first + j
-                if not counts[e]:
+                if not routed.counts[e]:
                     continue
-                token, slot = groups[e] // k, groups[e] % k                         # [n_e], [n_e]
+                token, slot = routed.groups[e] // k, routed.groups[e] % k             # [n_e], [n_e]
                 bias = {name: b[e] for name, b in biases.items()}
-                w = weights[token, slot, None]                                            # [n_e, 1]
+                w = routed.weights[token, slot, None]                                   # [n_e, 1]
                 x_e = (flat[token] * w).to(flat.dtype) if self.weight_before_experts else flat[token]
                 y = feed_forward(x_e, up[j], down[j], None if gate is None else gate[j], self.act,
-                                 glu=self.glu, **bias).to(out.dtype)                      # [n_e, hidden]
+                                 glu=self.glu, **bias).to(out.dtype)                    # [n_e, hidden]
                 out.index_add_(0, token, y if self.weight_before_experts else y * w)
+
+    def finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The routed experts' sum out [N, hidden] with the shared expert added, in flat's dtype."""
         if self.shared is not None:
             s = self.shared(flat)
             if self.shared_gate is not None:
                 s = s * torch.sigmoid(F.linear(flat, self.shared_gate.view(1, -1)))
             out = out + s
-        return out.to(x.dtype).view_as(x)
+        return out.to(flat.dtype)
+
+
+@dataclass(frozen=True)
+class Routed:
+    """Where the tokens go: weights [N, k] (float32 or wider) and experts [N, k] of each token,
+    and the (token, slot) pairs grouped by expert, tokens ascending in each group (a stable
+    sort); one count per expert is the only value that goes to the host."""
+    weights: torch.Tensor
+    experts: torch.Tensor
+    counts: list[int]
+    groups: tuple[torch.Tensor, ...]
+
+    @classmethod
+    def of(cls, weights: torch.Tensor, experts: torch.Tensor, n_experts: int) -> "Routed":
+        pairs = torch.sort(experts.flatten(), stable=True).indices               # [N * k]
+        counts = torch.bincount(experts.flatten(), minlength=n_experts).tolist()
+        return cls(weights, experts, counts, pairs.split(counts))

@@ -37,14 +37,15 @@ class SinkAttention(Attention):
         positions = torch.arange(T, device=q.device)
         sinks = self.sinks.view(1, KV, H // KV, 1, 1)
         rows = max(1, SINK_SCORE_BYTES // (3 * 4 * B * H * T))
+        k, v = k.float(), v.float()            # scores, softmax and their sum over values in float32, as SDPA's
         out = []
         for a in range(0, T, rows):
             b = min(a + rows, T)                   # queries [a, b) see keys before b at most
-            scores = (q[..., a:b, :] @ k[..., :b, :].transpose(-1, -2)).float() * self.spec.scale  # [B, KV, G, b-a, b]
+            scores = (q[..., a:b, :].float() @ k[..., :b, :].transpose(-1, -2)) * self.spec.scale  # [B, KV, G, b-a, b]
             seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
             scores = scores.masked_fill(~seen, -math.inf)
             probs = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1).softmax(-1)[..., :b]
-            out.append(probs.to(v.dtype) @ v[..., :b, :])                             # [B, KV, G, b-a, D]
+            out.append((probs @ v[..., :b, :]).to(q.dtype))                           # [B, KV, G, b-a, D]
         return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
 
 

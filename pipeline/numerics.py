@@ -1,0 +1,16 @@
+"""The version of the numbers layercycle computes. Every output's identity carries it, so a
+change of the code that moves a number gives new output folders: a resumed pass never mixes
+windows computed by two versions, and an old run root is never read as the new code's result.
+
+Raise VERSION for a change of shared code that moves any number (dequantizers, norms,
+attention, the MoE block, recurrent kernels, scoring, tokenizers); raise a family's own
+`numerics` (model/arch) for a change of that family's math alone. Code that moves no number
+(refactors, messages, speed at equal bits) raises nothing, and old run roots stay usable.
+"""
+VERSION = 1
+
+
+def numerics_identity(family_version: int | None = None) -> dict:
+    """The identity entry of an output: the package's version, and the family's for outputs
+    its layers compute."""
+    return {"numerics": VERSION if family_version is None else f"{VERSION}.{family_version}"}
