@@ -98,3 +98,19 @@ def test_a_second_host_reuses_the_windows_the_first_planned(monkeypatch, tmp_pat
     assert host_with(2**40).placement(check_memory=False) == small
     elsewhere = PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path / "other"))
     assert len(elsewhere.placement(check_memory=False)) == 1       # another run root plans anew
+
+
+def test_the_first_record_stands_where_the_file_system_has_no_hard_links(monkeypatch, tmp_path):
+    import errno
+    import os
+
+    from pipeline.store import outputs
+
+    def no_links(src, dst):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / ".placements" / "a.json"
+    assert outputs.record_once(path, {"placement": "cpu:0:15,cpu:15:30"}) == {"placement": "cpu:0:15,cpu:15:30"}
+    assert outputs.record_once(path, {"placement": "cpu:0:30"}) == {"placement": "cpu:0:15,cpu:15:30"}
+    assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]   # no temporary file left

@@ -4,9 +4,11 @@ import subprocess
 import sys
 
 import luigi
+import pytest
 
-from pipeline import Sweep
-from pipeline.flow.sweep import grid, load_sweep
+from pipeline import PerplexityRun, Sweep
+from pipeline.errors import UserError
+from pipeline.flow.sweep import grid, load_sweep, parse_point
 from pipeline.paths import REPO_ROOT
 
 from .helpers import assert_one_line_error
@@ -46,6 +48,18 @@ def test_every_placement_setting_of_a_run_is_a_sweep_key(tmp_path):
     assert [p["compute_dtype"] for p in points] == ["float32", "bfloat16"]
     assert all(p["device_memory"] == "2GiB" and p["gpu_layers"] == 10 and p["first_layer"] == 5 and p["shards"] == 2
                and p["boundary_dtype"] == "bfloat16" and p["device"] == "cpu" for p in points)
+
+
+def test_a_point_value_of_the_wrong_kind_is_refused_naming_its_key(tmp_path):
+    path = tmp_path / "sweep.toml"
+    path.write_text('models = ["smollm2-135m"]\nctx = ["abc", 64]\ncompute_dtype = "float8"\n')
+    bad_ctx, good_ctx = grid(load_sweep(str(path)))
+    with pytest.raises(UserError, match="ctx = 'abc': invalid literal"):
+        parse_point(PerplexityRun, bad_ctx)
+    with pytest.raises(UserError, match="compute_dtype = 'float8': float8 is not a valid choice"):
+        parse_point(PerplexityRun, good_ctx)
+    assert parse_point(PerplexityRun, {"ctx": 64, "window_layers": 15}) == \
+        {"ctx": 64, "window_layers": "15"}
 
 
 def run_sweep(path, root) -> bool:

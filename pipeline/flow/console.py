@@ -37,7 +37,7 @@ def install() -> None:
 
 
 def show_progress(task, label: str, done: int, total: int, computed: int, tokens: int, started: float,
-                  load_s: float = 0.0) -> None:
+                  load_s: float) -> None:
     """`done` of `total` chunks of `task`, `computed` of them (`tokens` tokens) since `started`,
     after a load of `load_s` seconds: Luigi's status message and percentage, and a bar on a
     terminal (else a log line). A window task adds where the pass stands

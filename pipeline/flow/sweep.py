@@ -58,6 +58,19 @@ def grid(cfg: dict) -> list[dict]:
     return [dict(p for p in point if p) for point in itertools.product(*axes)]
 
 
+def parse_point(task_class, params: dict) -> dict:
+    """A grid point's values as its run takes them: each read by its parameter as if typed on
+    the command line, so a value of the wrong kind (`ctx = "abc"`) is refused naming its key."""
+    kinds = dict(task_class.get_params())
+    parsed = {}
+    for key, value in params.items():
+        try:
+            parsed[key] = kinds[key].normalize(kinds[key].parse(value if isinstance(value, str) else str(value)))
+        except ValueError as e:
+            raise UserError(f"{key} = {value!r}: {e}") from None
+    return parsed
+
+
 def model_size(gguf) -> tuple[float, float]:
     """File size in GB and bits per weight (file bits over the weights' elements)."""
     elements = sum(int(np.prod(t.shape)) for t in gguf.tensors.values())

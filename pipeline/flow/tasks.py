@@ -425,9 +425,9 @@ class LayerWindow(PlacedTask):
         so every worker of a sweep, on any host, counts the same."""
         from .sweep import runs_done, sweeps_with
 
-        if "_sweeps" not in self.__dict__:  # the records do not change while the task runs
-            self._sweeps = sweeps_with(self.run_root, _under(location(self.run_root), self))
         mine = _under(location(self.run_root), self)
+        if "_sweeps" not in self.__dict__:  # the records do not change while the task runs
+            self._sweeps = sweeps_with(self.run_root, mine)
         after = max((sum(not done and mine not in run["outputs"]
                          for run, done in zip(record["runs"], runs_done(self.run_root, record)))
                      for record in self._sweeps), default=0)
@@ -787,15 +787,15 @@ class Sweep(luigi.Task):
 
     def points(self) -> list[tuple[dict, list | str]]:
         """(parameters, Score tasks) of each grid point, or (parameters, the reason it was refused)."""
-        from .sweep import grid, load_sweep, record_runs
+        from .sweep import grid, load_sweep, parse_point, record_runs
 
         if "_points" not in self.__dict__:
             self._points = []
             for params in grid(load_sweep(self.config)):
                 try:
-                    run = PerplexityRun(run_root=self.run_root, **params)
+                    run = PerplexityRun(run_root=self.run_root, **parse_point(PerplexityRun, params))
                     self._points.append((params, run.score_tasks()))
-                except (UserError, ValueError) as e:  # ValueError: a value luigi's parameter refuses
+                except UserError as e:
                     self._points.append((params, str(e)))
             root = location(self.run_root)
             with outputs.disk_errors(self.run_root):
@@ -822,7 +822,7 @@ class Sweep(luigi.Task):
 
     def run(self):
         from ..gguf_io.reader import open_gguf
-        from .sweep import load_sweep, refused_row, table_row, write_plots, write_tables
+        from .sweep import load_sweep, parse_point, refused_row, table_row, write_plots, write_tables
 
         out = load_sweep(self.config)["out"]
         rows = []
@@ -830,7 +830,7 @@ class Sweep(luigi.Task):
             if isinstance(scores, str):
                 rows.append(refused_row(params, scores))
                 continue
-            result = PerplexityRun(run_root=self.run_root, **params).result()
+            result = PerplexityRun(run_root=self.run_root, **parse_point(PerplexityRun, params)).result()
             rows.append(table_row(result, open_gguf(result["model"]["path"])))
         write_tables(rows, out)
         plots = write_plots(rows, out)

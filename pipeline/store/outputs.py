@@ -127,19 +127,31 @@ def record_once(path, data: dict) -> dict:
     make_parent(path)
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     try:
-        if is_local(path):
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            try:
-                os.link(tmp, path)   # whole, and only where absent
-            finally:
-                tmp.unlink()
-        else:
+        if not is_local(path):
             with path.fs.open(path.path, "xb") as f:   # a conditional put
                 f.write(text.encode())
+        elif not _link_whole(path, text):             # a file system without hard links
+            with open(path, "x") as f:
+                f.write(text)
         return data
     except FileExistsError:
         return json.loads(path.read_text())
+
+
+def _link_whole(path: Path, text: str) -> bool:
+    """Write `text` to a file of its own and link it at `path`, so that `path` appears whole and
+    only where absent (FileExistsError otherwise); False where the file system has no hard links."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV):
+            raise
+        return False
+    finally:
+        tmp.unlink()
 
 
 def write_json(path, data: dict) -> None:
