@@ -42,6 +42,14 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
     "deepseek2": dict(family="deepseek2", layers=3, hidden=256, ffn=512, heads=4, head_dim=96, rope_dim=32,
                       value_dim=64, q_lora_rank=128, kv_lora_rank=256, dense_layers=1, quant="Q4_K", experts=16,
                       experts_used=4, expert_ffn=256, shared_ffn=256, expert_groups=4, groups_used=2),
+    "gpt-oss": dict(family="gpt-oss", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
+                    experts=8, experts_used=2, expert_ffn=128, sliding_window=16),
+    "llama4": dict(family="llama4", layers=4, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
+                   experts=4, experts_used=1, expert_ffn=128, shared_ffn=128, moe_every=2, sliding_window=8192,
+                   context=131072),
+    "qwen3next": dict(family="qwen3next", layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, rope_dim=16,
+                      quant="Q4_K", experts=8, experts_used=2, expert_ffn=128, shared_ffn=128, ssm_heads=4,
+                      ssm_head_dim=32, ssm_state=32, ssm_groups=2),
 }
 
 
@@ -175,8 +183,10 @@ def test_every_synthetic_shape_in_the_settings_can_be_written():
     tables = {}
     for path in [CONFIGS / "gpu_check.toml", *sorted((CONFIGS / "bench").glob("*.toml"))]:
         tables |= tomllib.loads(path.read_text()).get("synthetic", {})
-    assert {"synthetic-moe", "synthetic-hybrid", "synthetic-qwen3-30b-a3b",
-            "synthetic-nemotron-h-30b-a3b", "synthetic-deepseek-v3-mla-layer", "synthetic-7b"} <= set(tables)
+    for path in sorted((CONFIGS / "quantize").glob("*.toml")):   # the bases of quantized sets
+        tables[path.stem] = tomllib.loads(path.read_text())["base"]
+    assert {"synthetic-moe", "synthetic-hybrid", "synthetic-qwen3-30b-a3b", "synthetic-nemotron-h-30b-a3b",
+            "synthetic-deepseek-v3-mla-layer", "synthetic-7b", "overnight-moe"} <= set(tables)
     for table in tables.values():
         check_shape(Shape(**{k: v for k, v in table.items() if k != "tokenizer_from"}))
     with pytest.raises(UserError, match="rows of 464 values, no multiple of 32"):
@@ -206,3 +216,32 @@ def test_quantizations_of_a_bfloat16_synthetic_base_diverge_as_the_bits_fall(tmp
     kld = {q.name: run_pipeline(tmp_path / "runs", model=str(quantized(q)), **common)["kld"]["mean"]
            for q in (Q.Q8_0, Q.Q4_0)}
     assert 0 < kld["Q8_0"] < kld["Q4_0"]
+
+
+@pytest.mark.parametrize("family, ctx", [("gpt-oss", 128), ("llama4", 9216), ("qwen3next", 128)])
+def test_gpu_check_forms_on_the_cpu(capsys, model_path, tmp_path, monkeypatch, family, ctx):
+    """The GPU check's attention and FFN forms (sinks on a sliding window, chunked attention past
+    8192 tokens with NoPE layers under the temperature, Gated DeltaNet), with the CPU standing
+    in for the GPU: cycled == whole bit for bit, bfloat16 and the split pass near float32."""
+    from pipeline.tools import gpu_check
+
+    from .helpers import HEAD40K
+
+    model_path("smollm2-135m")
+    monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)
+    twice = tmp_path / "head40k-twice.txt"   # room for 2 x 9216 tokens, as the llama-cpp method asks
+    twice.write_text(HEAD40K.read_text() * 2)
+    long = {"chunks": 1, "corpus": str(twice)} if ctx > 8192 else {}
+    # past 8192 tokens, attention's cost is all: two heads of 32
+    shape = SYNTHETIC[family] | (dict(heads=2, kv_heads=1, head_dim=32) if long else {})
+    cfg = {"corpus": str(HEAD40K), "chunks": 2, "device": "cpu", "window_layers": 1, "compute_dtype": "bfloat16",
+           "mean_nll_rel_tol": 0.01, "models": {family: {"ctx": ctx, **long}},
+           "synthetic": {family: {**shape, "tokenizer_from": "smollm2-135m"}}}
+    ok, whole = gpu_check.check_model(family, cfg)
+    out = capsys.readouterr().out
+    assert ok, out
+    assert whole["tokens_scored"] == (ctx - ctx // 2 - 1) * (1 if long else 2)
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| cpu ")]
+    assert [r[0] for r in rows] == ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled",
+                                    "| cpu bfloat16 split"]
+    assert all(int(r[5]) > 0 for r in rows)   # the budget each pass was planned for

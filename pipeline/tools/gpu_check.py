@@ -2,12 +2,15 @@
 
     python -m pipeline.gpu_check [--config configs/gpu_check.toml]
 
-For each model of the settings (registered ones, and small synthetic mixture-of-experts and
-hybrid ones written into data/models/ on first use, so the GPU host needs neither a converter
-nor any network beyond the registered models): a float32 CPU pass, then in the configured
-compute dtype on the GPU a whole-trunk pass, a cycled one and a split one (`--gpu-layers` from
-`--first-layer`, the other layers on the CPU). Then a `--kl-base` pass of two models that share
-a tokenizer. Prints mean NLL, PPL, tokens/s and each window's peak CUDA memory (allocated /
+For each model of the settings (registered ones, and small synthetic ones written into
+data/models/ on first use, so the GPU host needs neither a converter nor any network beyond the
+registered models; between them every attention and FFN form computed: sliding windows, latent
+attention, sinks, chunked attention past 8192 tokens, NoPE layers with the attention
+temperature, Mamba2, Gated DeltaNet, routed and shared experts, expert slices): a float32 CPU
+pass, then in the configured compute dtype on the GPU a whole-trunk pass, a cycled one and a
+split one (`--gpu-layers` from `--first-layer`, the other layers on the CPU). Then a
+`--kl-base` pass of two models that share a tokenizer. Prints mean NLL, PPL, tokens/s, the
+budget the windows were planned for and each window's peak CUDA memory (allocated /
 reserved), and checks:
 
 - cycled == whole on the GPU, every sequence's NLL bit for bit (a boundary holds the compute
@@ -55,6 +58,15 @@ def peaks(windows: list[dict]) -> str:
     return " ".join(cells) or "-"
 
 
+def budget_mb(cfg: dict, params: dict) -> str:
+    """The budget a pass's windows on its device were planned for: its --device-memory, else
+    the device's share of its memory."""
+    from ..run.preflight import device_budget, parse_size
+
+    cap = params.get("device_memory")
+    return f"{device_budget(params.get('device', cfg['device']), cap and parse_size(cap)) / 2**20:.0f}"
+
+
 def check(label: str, passed: bool, detail: str) -> bool:
     print(f"{label}: {detail} ({'ok' if passed else 'FAIL'})")
     return passed
@@ -72,34 +84,32 @@ def check_model(alias: str, cfg: dict) -> tuple[bool, dict]:
 
     model = synthetic_or_registered(alias, cfg.get("synthetic", {}))
     ctx = cfg["models"][alias].get("ctx", 512)
+    cfg = cfg | {k: cfg["models"][alias][k] for k in ("chunks", "corpus") if k in cfg["models"][alias]}
     n_layers = load_architecture(open_gguf(str(model))).hp.n_layers
     dev, dtype = cfg["device"], cfg["compute_dtype"]
     with tempfile.TemporaryDirectory(prefix="layercycle-gpu-check-") as tmp:
         root = Path(tmp)
-        passes = {
-            "cpu float32 whole": run(model, cfg, ctx, root / "cpu", device="cpu", window_layers=0,
-                                     compute_dtype="float32"),
-            f"{dev} {dtype} whole": run(model, cfg, ctx, root / "whole", window_layers=0),
-            f"{dev} {dtype} cycled": run(model, cfg, ctx, root / "cycled", window_layers=cfg["window_layers"]),
-            f"{dev} {dtype} split": run(model, cfg, ctx, root / "split", window_layers=cfg["window_layers"],
-                                        gpu_layers=n_layers // 2, first_layer=n_layers // 4),
+        plans = {
+            "cpu float32 whole": dict(device="cpu", window_layers=0, compute_dtype="float32"),
+            f"{dev} {dtype} whole": dict(window_layers=0),
+            f"{dev} {dtype} cycled": dict(window_layers=cfg["window_layers"]),
+            f"{dev} {dtype} split": dict(window_layers=cfg["window_layers"], gpu_layers=n_layers // 2,
+                                         first_layer=n_layers // 4),
         }
         sliced = cfg["models"][alias].get("sliced")
         if sliced:
             held = sliced["compute_dtype"]
-            passes |= {
-                f"{dev} {held} experts held": run(model, cfg, ctx, root / "held", window_layers=0,
-                                                  compute_dtype=held),
-                f"{dev} {held} in {sliced['device_memory']}": run(model, cfg, ctx, root / "sliced",
-                                                                  compute_dtype=held,
-                                                                  device_memory=sliced["device_memory"]),
-            }
+            plans |= {f"{dev} {held} experts held": dict(window_layers=0, compute_dtype=held),
+                      f"{dev} {held} in {sliced['device_memory']}": dict(compute_dtype=held,
+                                                                          device_memory=sliced["device_memory"])}
+        passes = {name: run(model, cfg, ctx, root / f"pass-{k}", **params)
+                  for k, (name, params) in enumerate(plans.items())}
     print(f"\n## {alias} (ctx {ctx})\n")
-    print("| run | placement | mean NLL | PPL | tokens/s | peak CUDA MB per window (allocated/reserved) |")
-    print("|---|---|---|---|---|---|")
+    print("| run | placement | mean NLL | PPL | tokens/s | budget MB | peak CUDA MB per window (allocated/reserved) |")
+    print("|---|---|---|---|---|---|---|")
     for name, (r, windows) in passes.items():
         print(f"| {name} | {r['placement_text']} | {r['mean_nll']:.6f} | {r['ppl']:.4f} | {r['tokens_per_s']:.1f} "
-              f"| {peaks(windows)} |")
+              f"| {budget_mb(cfg, plans[name])} | {peaks(windows)} |")
     cpu, whole, cycled, split = (r for r, _ in list(passes.values())[:4])
     ok = identical("cycled vs whole (GPU)", cycled, whole)
     ok &= close("GPU vs CPU", whole, cpu, cfg["mean_nll_rel_tol"])
@@ -145,7 +155,9 @@ def main(argv=None) -> int:
         device = cfg["device"]
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError("no CUDA device: this check needs a GPU machine")
-        cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
+        for settings in (cfg, *cfg["models"].values()):
+            if "corpus" in settings:
+                settings["corpus"] = str((REPO_ROOT / settings["corpus"]).resolve())
         print(f"device: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}")
         ok = check_all(cfg)
     except UserError as e:

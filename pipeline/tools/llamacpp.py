@@ -37,22 +37,28 @@ def llama_cpp_source(version: str) -> Path:
     return next(source.glob("*/vendor/llama.cpp"))
 
 
-def llama_perplexity(version: str) -> Path:
+def llama_tool(version: str, name: str) -> Path:
+    """llama.cpp's program `name` (llama-perplexity, llama-quantize), built once from the sources
+    of llama-cpp-python `version`."""
     # Built for this CPU without AMX: the AMX kernels of this llama.cpp stop with an illegal
     # instruction on Xeons that have it (the AVX-512 VNNI kernels are used instead).
     root = cache_dir() / f"llama-cpp-python-{version}"
     build = root / "build-native-noamx"
-    binary = build / "bin" / "llama-perplexity"
+    binary = build / "bin" / name
     if binary.is_file():
         return binary
     llama = llama_cpp_source(version)
     no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    _check(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
-            "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"],
-           "configure llama.cpp")
-    _check(["cmake", "--build", str(build), "--target", "llama-perplexity", "-j", str(os.cpu_count() or 2)],
-           "build llama-perplexity")
+    if not (build / "CMakeCache.txt").is_file():
+        _check(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+                "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"],
+               "configure llama.cpp")
+    _check(["cmake", "--build", str(build), "--target", name, "-j", str(os.cpu_count() or 2)], f"build {name}")
     return binary
+
+
+def llama_perplexity(version: str) -> Path:
+    return llama_tool(version, "llama-perplexity")
 
 
 def _check(cmd: list[str], what: str) -> None:

@@ -7,7 +7,12 @@ Families: `llama` (dense), `qwen3moe` (QK-norm attention, softmax-routed SwiGLU 
 sigmoid-routed squared-ReLU experts `E` with a selection bias and a shared expert; as llama.cpp
 reads this family, every feed-forward layer is one of experts) and `deepseek2` (multi-head latent
 attention, leading dense layers, then sigmoid-routed experts in groups with a selection bias and
-a shared expert, YaRN as DeepSeek-V3 sets it).
+a shared expert, YaRN as DeepSeek-V3 sets it), `gpt-oss` (attention sinks, a sliding window on
+every other layer, biases on attention, router and experts, clamped SwiGLU experts), `llama4`
+(no RoPE and the attention temperature every fourth layer, chunked attention on the others,
+weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_every`-th layer)
+and `qwen3next` (Gated DeltaNet layers, gated full attention every `attention_every`-th layer with
+partial RoPE, softmax-routed experts beside a sigmoid-gated shared expert).
 The tokenizer is copied from a real GGUF so a pass reads ordinary text. Quantized weights are
 random blocks made from random bytes and fixed scales (nothing is quantized from float data,
 so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
@@ -53,6 +58,9 @@ class Shape:
     dense_layers: int = 0      # the leading dense layers,
     expert_groups: int = 0     # and the routing groups (0: none)
     groups_used: int = 0
+    sliding_window: int = 0    # gpt-oss: the span of its sliding layers; llama4: 0 turns chunks off
+    moe_every: int = 1         # llama4: every n-th layer a MoE, the others a dense MLP
+    attention_every: int = 4   # qwen3next: every n-th layer attends, the others are DeltaNet
     head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
 
     @property
@@ -60,15 +68,25 @@ class Shape:
         return self.head_dim or self.hidden // self.heads
 
     def kind(self, i: int) -> str:
-        """Layer i's op: `M`, `E` or `*`; in llama and qwen3moe every layer is attention
-        and a feed-forward block (`A`)."""
+        """Layer i's op: `M`, `E` or `*` (nemotron_h_moe); `D`, a DeltaNet layer and a
+        feed-forward block (qwen3next); elsewhere attention and a feed-forward block (`A`)."""
         if self.family == "nemotron_h_moe":
             return self.pattern[i]
+        if self.family == "qwen3next" and (i + 1) % self.attention_every:
+            return "D"
         return "A"
 
+    def has_experts(self, i: int) -> bool:
+        """Whether layer i's feed-forward block (`A` or `D`) is a mixture of experts."""
+        if self.family == "llama4":
+            return (i + 1) % self.moe_every == 0
+        return self.family in GATED_EXPERTS and i >= self.dense_layers
 
-FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2")
-GATED_EXPERTS = ("qwen3moe", "deepseek2")      # SwiGLU experts (nemotron_h_moe's have no gate)
+
+FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "gpt-oss", "llama4", "qwen3next")
+# SwiGLU experts (nemotron_h_moe's have no gate), and the families with a shared expert
+GATED_EXPERTS = ("qwen3moe", "deepseek2", "gpt-oss", "llama4", "qwen3next")
+SHARED_EXPERT = ("nemotron_h_moe", "deepseek2", "llama4", "qwen3next")
 
 
 def check_shape(shape: Shape) -> None:
@@ -128,9 +146,13 @@ class _Tensors:
             self.vector(p + "attn_norm.weight", h)
             if kind in "A*":
                 self.latent_attention(p) if s.family == "deepseek2" else self.attention(p)
-            if kind == "A":
-                self.vector(p + "ffn_norm.weight", h)
-                self.experts(p) if s.family in GATED_EXPERTS and i >= s.dense_layers else self.mlp(p)
+            if kind == "D":
+                self.delta_net(p)
+            if kind in "AD":
+                # gpt-oss and qwen3next store the FFN's pre-norm as the post-attention norm
+                post = s.family in ("gpt-oss", "qwen3next")
+                self.vector(p + ("post_attention_norm.weight" if post else "ffn_norm.weight"), h)
+                self.experts(p) if s.has_experts(i) else self.mlp(p)
             elif kind == "E":
                 self.experts(p)
             elif kind == "M":
@@ -139,13 +161,33 @@ class _Tensors:
 
     def attention(self, p: str) -> None:
         s, h = self.s, self.s.hidden
-        self.matrix(p + "attn_q.weight", s.heads * s.key_dim, h)
+        gated = 2 if s.family == "qwen3next" else 1            # Q's rows carry the output gate
+        self.matrix(p + "attn_q.weight", gated * s.heads * s.key_dim, h)
         self.matrix(p + "attn_k.weight", s.kv_heads * s.key_dim, h)
         self.matrix(p + "attn_v.weight", s.kv_heads * s.key_dim, h)
         self.matrix(p + "attn_output.weight", h, s.heads * s.key_dim)
-        if s.family == "qwen3moe":
+        if s.family in ("qwen3moe", "qwen3next"):
             self.vector(p + "attn_q_norm.weight", s.key_dim)
             self.vector(p + "attn_k_norm.weight", s.key_dim)
+        if s.family == "gpt-oss":
+            for name, rows in (("q", s.heads * s.key_dim), ("k", s.kv_heads * s.key_dim),
+                               ("v", s.kv_heads * s.key_dim), ("output", h)):
+                self.vector(p + f"attn_{name}.bias", rows, fill=("normal", 0.02))
+            self.vector(p + "attn_sinks.weight", s.heads, fill=("normal", 1.0))
+
+    def delta_net(self, p: str) -> None:
+        """A Gated DeltaNet mixer: ssm_groups key heads of ssm_state, ssm_heads value heads of ssm_head_dim."""
+        s, h = self.s, self.s.hidden
+        keys, values = s.ssm_groups * s.ssm_state, s.ssm_heads * s.ssm_head_dim
+        self.matrix(p + "attn_qkv.weight", 2 * keys + values, h)
+        self.matrix(p + "attn_gate.weight", values, h)
+        self.vector(p + "ssm_ba.weight", 2 * s.ssm_heads, h, fill=("normal", 1 / np.sqrt(h)))
+        self.vector(p + "ssm_conv1d.weight", 2 * keys + values, s.conv_kernel,
+                    fill=("normal", 1 / np.sqrt(s.conv_kernel)))
+        self.vector(p + "ssm_dt.bias", s.ssm_heads, fill=("dt_bias",))
+        self.vector(p + "ssm_a", s.ssm_heads, fill=("ssm_a",))
+        self.vector(p + "ssm_norm.weight", s.ssm_head_dim)
+        self.matrix(p + "ssm_out.weight", h, values)
 
     def latent_attention(self, p: str) -> None:
         s, h = self.s, self.s.hidden
@@ -172,12 +214,19 @@ class _Tensors:
             self.matrix(p + "ffn_gate_exps.weight", e, f, h)
         self.matrix(p + "ffn_up_exps.weight", e, f, h)
         self.matrix(p + "ffn_down_exps.weight", e, h, f)
+        if s.family == "gpt-oss":
+            self.vector(p + "ffn_gate_inp.bias", e, fill=("normal", 0.01))
+            for name, width in (("gate", f), ("up", f), ("down", h)):
+                self.vector(p + f"ffn_{name}_exps.bias", e, width, fill=("normal", 0.02))
         if s.family in ("nemotron_h_moe", "deepseek2"):
             self.vector(p + "exp_probs_b.bias", e, fill=("normal", 0.01))
-            if s.family == "deepseek2":
+        if s.family in SHARED_EXPERT:
+            if s.family != "nemotron_h_moe":
                 self.matrix(p + "ffn_gate_shexp.weight", s.shared_ffn, h)
             self.matrix(p + "ffn_up_shexp.weight", s.shared_ffn, h)
             self.matrix(p + "ffn_down_shexp.weight", h, s.shared_ffn)
+        if s.family == "qwen3next":
+            self.vector(p + "ffn_gate_inp_shexp.weight", h, fill=("normal", 1 / np.sqrt(h)))
 
     def mamba2(self, p: str) -> None:
         s, h = self.s, self.s.hidden
@@ -248,7 +297,7 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
     if s.family != "deepseek2":
         w.add_key_length(s.key_dim)
         w.add_value_length(s.key_dim)
-        w.add_rope_dimension_count(s.key_dim)
+        w.add_rope_dimension_count(s.rope_dim or s.key_dim)
     else:                               # as DeepSeek-V3's files: latent attention, YaRN x40, routing
         w.add_key_length(s.kv_lora_rank + s.rope_dim)
         w.add_value_length(s.kv_lora_rank)
@@ -273,6 +322,19 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
         w.add_expert_feed_forward_length(s.expert_ffn)
+    if s.family in ("llama4", "qwen3next"):
+        w.add_expert_shared_feed_forward_length(s.shared_ffn)
+    if s.family in ("gpt-oss", "llama4"):    # gpt-oss: its sliding layers' span; llama4: chunks on
+        w.add_sliding_window(s.sliding_window)
+    if s.family == "llama4":
+        w.add_interleave_moe_layer_step(s.moe_every)
+    if s.family == "qwen3next":              # DeltaNet: key heads of ssm_state, value heads of ssm_head_dim
+        w.add_full_attention_interval(s.attention_every)
+        w.add_ssm_conv_kernel(s.conv_kernel)
+        w.add_ssm_state_size(s.ssm_state)
+        w.add_ssm_group_count(s.ssm_groups)
+        w.add_ssm_inner_size(s.ssm_heads * s.ssm_head_dim)
+        w.add_ssm_time_step_rank(s.ssm_heads)
 
 
 def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: int = 0) -> Path:
