@@ -129,6 +129,8 @@ def test_gpu_check_flow_on_the_cpu(capsys, model_path, tmp_path, monkeypatch):
     assert [v.split(":")[0] for v in verdicts] == ["cycled vs whole (GPU)", "GPU vs CPU", "split vs CPU"] * 2 + \
         ["expert slices planned", "sliced vs held (GPU)", "KL pass vs own passes"]
     assert all(v.endswith("(ok)") for v in verdicts)
+    summary = out[out.index("## Summary") + 2:]
+    assert [line.split(" (")[0] for line in summary] == ["smollm2-135m: ok", "moe: ok", "KL smollm2-135m vs moe: ok"]
 
 
 def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):

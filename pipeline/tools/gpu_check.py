@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -167,10 +168,16 @@ def main(argv=None) -> int:
 
 
 def check_all(cfg: dict) -> bool:
-    ok, own = True, {}
+    """Every model's checks, then the KL pass; a summary line per case at the end."""
+    summary, own = [], {}
     for alias in cfg["models"]:
+        started = time.perf_counter()
         passed, own[alias] = check_model(alias, cfg)
-        ok &= passed
+        summary.append((alias, passed, time.perf_counter() - started))
     if cfg.get("kl"):
-        ok &= check_kl(cfg, own)
-    return ok
+        started = time.perf_counter()
+        summary.append(("KL " + " vs ".join(cfg["kl"]), check_kl(cfg, own), time.perf_counter() - started))
+    print("\n## Summary\n")
+    for case, passed, seconds in summary:
+        print(f"{case}: {'ok' if passed else 'FAIL'} ({seconds:.0f} s)")
+    return all(passed for _, passed, _ in summary)
