@@ -138,6 +138,18 @@ def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch
     assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("qtype, dtype", [(Q.BF16, torch.bfloat16), (Q.F16, torch.float16), (Q.F32, torch.float32)])
+def test_a_float_tensor_in_its_own_dtype_is_its_bytes(qtype, dtype):
+    """BF16 into bfloat16 (a bfloat16 base computed in bfloat16), F16 into float16, F32 into
+    float32: the file's bytes, copied once, equal to gguf-py's values cast to the dtype."""
+    values = np.random.default_rng(5).standard_normal((6, 40)).astype(np.float32) * 100
+    raw = quants.quantize(values, qtype).view(np.uint8).reshape(6, -1)
+    out = dequantize(np.ascontiguousarray(raw), qtype, dtype=dtype)
+    assert out.dtype == dtype and out.shape == (6, 40)
+    assert torch.equal(out, torch.from_numpy(quants.dequantize(raw, qtype)).to(dtype))
+    assert out.view(torch.uint8).numpy().tobytes() == raw.tobytes()
+
+
 @pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q5_0, Q.Q8_0])
 @pytest.mark.parametrize("row", [576, 4864])   # SmolLM2's hidden size, Qwen2.5-0.5B's FFN: not multiples of 256
 def test_rows_that_are_not_a_multiple_of_256(qtype, row, monkeypatch):

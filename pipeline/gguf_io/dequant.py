@@ -361,6 +361,9 @@ def bf16(b):
     return (b.contiguous().view(torch.int16).to(torch.int32) << 16).view(torch.float32)
 
 
+# float types whose bytes are the values a computation in that dtype takes: copied as they are
+STORED_AS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+
 BLOCK_DEQUANTIZERS = {
     Q.F32: f32, Q.F16: f16, Q.BF16: bf16,
     Q.Q4_0: q4_0, Q.Q4_1: q4_1, Q.Q5_0: q5_0, Q.Q5_1: q5_1, Q.Q8_0: q8_0,
@@ -393,7 +396,12 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
     fn, where = BLOCK_DEQUANTIZERS.get(qtype), torch.device(device)
-    if fn is None:
+    if STORED_AS.get(qtype) == dtype:   # the bytes themselves, without a round trip through float32
+        if where.type == "cpu":            # one copy, from the file's pages into `out`
+            out.view(torch.uint8).numpy().reshape(raw.shape)[...] = raw
+            return out
+        fn = functools.partial(_as_stored, dtype=dtype)
+    elif fn is None:
         fn, where = _with_gguf_py(qtype, name), torch.device("cpu")
     blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]
     flat = out.view(blocks.shape[0], block)                              # [n_blocks, block]
@@ -401,6 +409,10 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     for start, piece in Uploads(where).pieces(blocks, max(values // block, 1)):
         flat[start:start + piece.shape[0]] = fn(piece)
     return out
+
+
+def _as_stored(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return b.contiguous().view(dtype)
 
 
 class Uploads:
