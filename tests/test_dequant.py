@@ -138,6 +138,14 @@ def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch
     assert torch.equal(out, expected)
 
 
+def test_every_bfloat16_bit_pattern_widens_to_its_float32_bits():
+    """A bfloat16 is the top half of a float32: all 65,536 patterns, NaNs and infinities included."""
+    patterns = np.arange(1 << 16, dtype=np.uint32)
+    raw = patterns.astype(np.uint16).view(np.uint8).reshape(-1, 2)
+    out = dequantize(raw, Q.BF16, dtype=torch.float32).view(torch.int32).numpy().view(np.uint32)
+    np.testing.assert_array_equal(out.reshape(-1), patterns << 16)
+
+
 @pytest.mark.parametrize("qtype, dtype", [(Q.BF16, torch.bfloat16), (Q.F16, torch.float16), (Q.F32, torch.float32)])
 def test_a_float_tensor_in_its_own_dtype_is_its_bytes(qtype, dtype):
     """BF16 into bfloat16 (a bfloat16 base computed in bfloat16), F16 into float16, F32 into
