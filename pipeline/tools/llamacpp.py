@@ -27,7 +27,7 @@ def llama_cpp_source(version: str) -> Path:
     sdist_dir = cache_dir() / "sdist"
     sdist = sdist_dir / f"llama_cpp_python-{version}.tar.gz"
     if not sdist.is_file():
-        _check([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
+        run_checked([sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q",
                 "-d", str(sdist_dir), f"llama-cpp-python=={version}"], "download llama-cpp-python's sdist")
     partial = source.with_name("src.partial")  # unpacked aside, renamed when whole
     shutil.rmtree(partial, ignore_errors=True)
@@ -50,10 +50,10 @@ def llama_tool(version: str, name: str) -> Path:
     llama = llama_cpp_source(version)
     no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     if not (build / "CMakeCache.txt").is_file():
-        _check(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+        run_checked(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                 "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"],
                "configure llama.cpp")
-    _check(["cmake", "--build", str(build), "--target", name, "-j", str(os.cpu_count() or 2)], f"build {name}")
+    run_checked(["cmake", "--build", str(build), "--target", name, "-j", str(os.cpu_count() or 2)], f"build {name}")
     return binary
 
 
@@ -61,7 +61,8 @@ def llama_perplexity(version: str) -> Path:
     return llama_tool(version, "llama-perplexity")
 
 
-def _check(cmd: list[str], what: str) -> None:
+def run_checked(cmd: list[str], what: str) -> None:
+    """Run `cmd`; where it fails, one line: what could not be done and its last line of output."""
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]

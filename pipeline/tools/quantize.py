@@ -10,7 +10,6 @@ as a [base] table of pipeline/tools/synthetic.py's Shape (its `quant` BF16).
 """
 import argparse
 import os
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -22,7 +21,7 @@ from ..paths import MODELS_CACHE, REPO_ROOT
 def quantized_set(cfg: dict, folder: Path = MODELS_CACHE) -> list[Path]:
     """The base and each quantization of it, made where missing; the base first."""
     from ..gguf_io.registry import resolve_model
-    from .llamacpp import llama_tool
+    from .llamacpp import llama_tool, run_checked
     from .synthetic import Shape, write_synthetic_gguf
 
     shape = dict(cfg["base"])
@@ -41,11 +40,8 @@ def quantized_set(cfg: dict, folder: Path = MODELS_CACHE) -> list[Path]:
             binary = llama_tool(cfg["llama_cpp_python"], "llama-quantize")
             partial = path.with_name(path.name + ".partial")   # a killed quantization never looks finished
             print(f"writing {path} ...", file=sys.stderr)
-            done = subprocess.run([str(binary), str(base), str(partial), qtype, str(os.cpu_count() or 2)],
-                                  capture_output=True, text=True)
-            if done.returncode:
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise UserError(f"llama-quantize {qtype} failed: {tail[0]}")
+            run_checked([str(binary), str(base), str(partial), qtype, str(os.cpu_count() or 2)],
+                        f"quantize {base.name} to {qtype}")
             partial.rename(path)
         made.append(path)
     return made
