@@ -37,19 +37,20 @@ def write_tiny_gguf(path, arch: str = "llama", ffn_up_type: GGMLQuantizationType
     return path
 
 
-def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None, extra: dict | None = None):
+def rewrite_gguf(src, dst, transform=None, metadata: dict | None = None, extra: dict | None = None, **split):
     """Copy a GGUF with each tensor replaced by transform(name, qtype, data) -> (data, qtype),
     (data, qtype, new name) or None to leave it out (data as gguf-py's reader holds it; no
     transform: unchanged), the tensors of `extra` (name -> (data, qtype)) added, and the
     metadata keys in `metadata` set to their values (None: removed; a new key's type follows the
-    Python value's)."""
+    Python value's). `split`: gguf-py's writer options that write it in parts
+    (`split_max_tensors`, `split_max_size`, `small_first_shard`)."""
     from gguf import GGUFReader, GGUFValueType
 
     metadata = dict(metadata or {})
 
     reader = GGUFReader(str(src))
     arch = reader.fields["general.architecture"].contents()
-    w = GGUFWriter(str(dst), arch)
+    w = GGUFWriter(str(dst), arch, **split)
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue

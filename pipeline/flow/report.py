@@ -32,7 +32,7 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
         "placement_text": describe(computed),
         "largest_window": {"first": largest.first, "last": largest.last,
                            "weight_bytes": manifest.get("weight_bytes", 0)},
-        "model": {"path": str(spec.model_path), "sha256": spec.model_sha256,
+        "model": {"path": str(spec.model_path), "parts": [str(p) for p in spec.gguf.parts], "sha256": spec.model_sha256,
                   "architecture": spec.gguf.architecture, "n_layers": hp.n_layers},
         "corpus": {**spec.corpus_id, "tokens": tokenize["n_tokens"]},
         "task": spec.eval_task.name, **numerics,

@@ -74,7 +74,7 @@ def parse_point(task_class, params: dict) -> dict:
 def model_size(gguf) -> tuple[float, float]:
     """File size in GB and bits per weight (file bits over the weights' elements)."""
     elements = sum(int(np.prod(t.shape)) for t in gguf.tensors.values())
-    size = gguf.path.stat().st_size
+    size = gguf.n_bytes
     return size / 1e9, 8 * size / elements
 
 

@@ -4,11 +4,17 @@ gguf-py's GGUFReader turns every tokenizer entry into numpy objects when it open
 (seconds and hundreds of MB for a 262k vocabulary). A window task needs a few scalars and its
 own layers' bytes, so this index reads the header once, skips string arrays until they are
 asked for, and maps tensor data straight from the file. Type codes and sizes come from gguf-py.
+
+A model published in parts (`NAME-00001-of-00009.gguf`, as llama.cpp's gguf-split and gguf-py's
+writer name them) is one index over every part: metadata from the first, tensors from all, the
+parts checked as llama.cpp's loader checks them.
 """
+import dataclasses
 import functools
 import hashlib
 import math
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +27,7 @@ from ..errors import UserError
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4             # GGML_MAX_DIMS
+SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf")
 
 _SCALAR = {
     GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -35,8 +42,9 @@ class TensorInfo:
     name: str
     qtype: GGMLQuantizationType
     shape: tuple[int, ...]  # numpy order: (..., rows, row_length)
-    offset: int             # absolute byte offset in the file
+    offset: int             # absolute byte offset in its file
     n_bytes: int
+    part: int = 0           # which file of a split model holds it
 
 
 @dataclass(frozen=True)
@@ -46,12 +54,14 @@ class StringArray:
     count: int
 
 
-class GGUFIndex:
+class GGUFFile:
+    """One file's header: its metadata, where each entry's bytes lie, and its tensors."""
+
     def __init__(self, path: Path):
         self.path = Path(path)
         try:
             with open(self.path, "rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as e:
             raise UserError(f"cannot read GGUF file {self.path}: {e}") from None
         try:
@@ -63,7 +73,7 @@ class GGUFIndex:
     def _parse(self) -> None:
         """The header, checked as it is read: counts the file could hold, no name twice, a
         power-of-two alignment, tensor dimensions and offsets the format allows."""
-        m = self._map
+        m = self.map
         if len(m) < 24 or struct.unpack_from("<I", m, 0)[0] != GGUF_MAGIC:
             raise UserError(f"{self.path} is not a GGUF file (bad magic)")
         self.version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
@@ -118,37 +128,65 @@ class GGUFIndex:
             raise UserError(f"{self.path}: tensor {name} has dimensions {list(dims)}, which {qtype.name} cannot hold "
                             f"(every dimension at least 1, rows a multiple of {block})")
         n_bytes = math.prod(dims) // block * type_size
-        if offset + n_bytes > len(self._map):
+        if offset + n_bytes > len(self.map):
             raise UserError(f"{self.path} is truncated: tensor {name} ends past the end of the file")
         return TensorInfo(name, qtype, tuple(int(d) for d in reversed(dims)), offset, n_bytes)
 
     def _string(self, pos: int) -> tuple[str, int]:
-        (n,) = struct.unpack_from("<Q", self._map, pos)
+        (n,) = struct.unpack_from("<Q", self.map, pos)
         end = pos + 8 + n
-        if end > len(self._map):
+        if end > len(self.map):
             raise ValueError("string runs past the end of the file")
-        return self._map[pos + 8:end].decode("utf-8", errors="replace"), end
+        return self.map[pos + 8:end].decode("utf-8", errors="replace"), end
 
     def _value(self, vtype: GGUFValueType, pos: int):
         if vtype == GGUFValueType.STRING:
             return self._string(pos)
         if vtype == GGUFValueType.ARRAY:
-            etype, count = struct.unpack_from("<IQ", self._map, pos)
+            etype, count = struct.unpack_from("<IQ", self.map, pos)
             etype, pos = GGUFValueType(etype), pos + 12
             if etype == GGUFValueType.STRING:
-                if count * 8 > len(self._map) - pos:
+                if count * 8 > len(self.map) - pos:
                     raise ValueError(f"a string array of {count} entries runs past the end of the file")
                 start = pos
                 for _ in range(count):
-                    pos += 8 + struct.unpack_from("<Q", self._map, pos)[0]
+                    pos += 8 + struct.unpack_from("<Q", self.map, pos)[0]
                 return StringArray(start, count), pos
             if etype == GGUFValueType.ARRAY:
                 raise ValueError("nested arrays are not used by any model key")
             dtype = np.dtype(_SCALAR[etype])
-            arr = np.frombuffer(self._map, dtype=dtype, count=count, offset=pos)
+            arr = np.frombuffer(self.map, dtype=dtype, count=count, offset=pos)
             return arr, pos + count * dtype.itemsize
         fmt = _SCALAR[vtype]
-        return struct.unpack_from(fmt, self._map, pos)[0], pos + struct.calcsize(fmt)
+        return struct.unpack_from(fmt, self.map, pos)[0], pos + struct.calcsize(fmt)
+
+
+class GGUFIndex:
+    """A model's GGUF: one file, or every part of a split one (metadata from the first part)."""
+
+    def __init__(self, path: Path):
+        files = split_parts(GGUFFile(Path(path)))
+        first = files[0]
+        self.path, self.parts = first.path, [f.path for f in files]
+        self.version, self.metadata, self.spans, self._map = first.version, first.metadata, first.spans, first.map
+        self._maps = [f.map for f in files]
+        self.tensors: dict[str, TensorInfo] = {}
+        for part, f in enumerate(files):
+            for name, info in f.tensors.items():
+                if name in self.tensors:
+                    raise UserError(f"tensor {name} is in both {self.parts[self.tensors[name].part]} and {f.path}: "
+                                    f"a part of another split model")
+                self.tensors[name] = dataclasses.replace(info, part=part)
+        if len(files) > 1:
+            claimed = int(first.metadata.get(Keys.Split.LLM_KV_SPLIT_TENSORS_COUNT, -1))
+            if claimed != len(self.tensors):
+                raise UserError(f"{first.path} says its {len(files)} parts hold {claimed} tensors; they hold "
+                                f"{len(self.tensors)}: a part of another split model")
+
+    @property
+    def n_bytes(self) -> int:
+        """The model's size on disk, every part together."""
+        return sum(len(m) for m in self._maps)
 
     # -- access ----------------------------------------------------------------------------
     @property
@@ -192,14 +230,63 @@ class GGUFIndex:
         if hasattr(mmap, "MADV_DONTNEED"):
             info = self.tensors[name]
             start = info.offset - info.offset % mmap.PAGESIZE
-            self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.n_bytes - start)
+            self._maps[info.part].madvise(mmap.MADV_DONTNEED, start, info.offset + info.n_bytes - start)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""
         info = self.tensors[name]
-        data = np.frombuffer(self._map, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
+        data = np.frombuffer(self._maps[info.part], dtype=np.uint8, count=info.n_bytes, offset=info.offset)
         block, type_size = GGML_QUANT_SIZES[info.qtype]
         return data.reshape(*info.shape[:-1], info.shape[-1] // block * type_size)
+
+
+
+def split_parts(given: GGUFFile) -> list[GGUFFile]:
+    """Every part of the split model `given` belongs to ([given] for a whole file), in order,
+    each checked: its file there, its split.no and split.count those of its name, and no other
+    file beside them named as one of its parts."""
+    count = int(given.metadata.get(Keys.Split.LLM_KV_SPLIT_COUNT, 1))
+    if count <= 1:
+        return [given]
+    named = SPLIT_NAME.fullmatch(given.path.name)
+    if not named:
+        no = int(given.metadata.get(Keys.Split.LLM_KV_SPLIT_NO, 0))
+        raise UserError(f"{given.path} is part {no + 1} of {count} of a split GGUF but is not named "
+                        f"NAME-{no + 1:05d}-of-{count:05d}.gguf, so its other parts cannot be found")
+    count = int(named["count"])
+    paths = [given.path.with_name(split_name(named["prefix"], i + 1, count)) for i in range(count)]
+    for other in sorted(given.path.parent.iterdir()):
+        match = SPLIT_NAME.fullmatch(other.name)
+        if match and match["prefix"] == named["prefix"] and int(match["count"]) == count and other not in paths:
+            raise UserError(f"{other} is not one of the {count} parts of {paths[0].name}: an extra part")
+    files = []
+    for i, path in enumerate(paths):
+        if not path.is_file():
+            raise UserError(f"part {i + 1} of {count} of {paths[0].name} is missing: {path}")
+        part = given if path == given.path else GGUFFile(path)
+        no, of = part.metadata.get(Keys.Split.LLM_KV_SPLIT_NO), part.metadata.get(Keys.Split.LLM_KV_SPLIT_COUNT)
+        if (no, of) != (i, count):
+            said = "is not a part of a split GGUF" if of is None else f"says it is part {no + 1} of {of}"
+            raise UserError(f"{path} {said}, where part {i + 1} of {count} belongs: a reordered or foreign part")
+        files.append(part)
+    return files
+
+
+def split_name(prefix: str, no: int, count: int) -> str:
+    return f"{prefix}-{no:05d}-of-{count:05d}.gguf"
+
+
+def first_split_part(prefix: Path) -> Path | None:
+    """The first part of the split model `prefix` names (`NAME` for `NAME-00001-of-0000N.gguf`),
+    or None where there is none; more than one such set is refused."""
+    if not prefix.parent.is_dir():
+        return None
+    firsts = sorted(p for p in prefix.parent.iterdir()
+                    if (m := SPLIT_NAME.fullmatch(p.name)) and m["prefix"] == prefix.name and m["no"] == "00001")
+    if len(firsts) > 1:
+        raise UserError(f"{prefix} names {len(firsts)} split models ({', '.join(p.name for p in firsts)}): "
+                        f"give the first part of one")
+    return firsts[0] if firsts else None
 
 
 @functools.lru_cache(maxsize=4)

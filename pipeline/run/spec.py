@@ -13,7 +13,7 @@ from gguf import Keys
 
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex, open_gguf
-from ..gguf_io.registry import file_sha256, registry, resolve_model, sha256_file
+from ..gguf_io.registry import model_sha256, registry, resolve_model, sha256_file
 from .corpus_plan import Method
 from .evaltask import EvalTask, corpus_text, load_eval_task, text_sha256
 
@@ -66,9 +66,9 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
                 stride: int, unscored_prefix: int, chunks: int, bos: str) -> RunSpec:
     eval_task = load_eval_task(task)
     path = resolve_model(model)
-    known = registry().get(model)
-    sha = known["sha256"] if known else file_sha256(path)
     gguf = open_gguf(str(path))
+    known = registry().get(model)
+    sha = known["sha256"] if known else model_sha256(gguf.parts)
     defaults = eval_task.method
     add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, False))
     m = Method(name=method or defaults.get("name", "llama-cpp"), ctx=ctx or int(defaults.get("ctx", 512)),
