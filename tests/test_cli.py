@@ -37,3 +37,8 @@ def test_tokens_file_outside_the_vocabulary(tmp_path):
     ids.write_text(" ".join(["5"] * 2000 + ["99999"]))
     done = luigi_cli("--tokens-file", str(ids), "--ctx", "256", run_root=tmp_path)
     assert_one_line_error(done, "outside the vocabulary")
+
+
+def test_cycle_with_first_layer(tmp_path):
+    done = luigi_cli("--gpu-layers", "4", "--first-layer", "2", "--cycle", run_root=tmp_path)
+    assert_one_line_error(done, "--cycle slides the device window across the whole trunk; --first-layer 2")

@@ -25,6 +25,26 @@ def test_gpu_layers_beyond_the_trunk_is_an_error():
         plan_placement(30, 4, 28, 4, "cuda")
 
 
+def test_cycle_slides_a_device_window_of_gpu_layers_across_the_trunk():
+    """`--gpu-layers 8 --cycle` is `--window-layers 8` on the device; --gpu-layers alone and with
+    --first-layer keep their fixed ranges."""
+    cycled = plan_placement(30, None, 8, 0, "cuda", cycle=True)
+    assert cycled == plan_placement(30, 8, -1, 0, "cuda") and describe(cycled).startswith("cuda [0..8) [8..16)")
+    assert plan_placement(30, 8, 8, 0, "cuda", cycle=True) == cycled          # the same size said twice
+    assert describe(plan_placement(30, 8, 8, 0, "cuda")) == "cuda [0..8), cpu [8..30)"
+    assert describe(plan_placement(30, 4, -1, 0, "cuda", cycle=True)).startswith("cuda [0..4) [4..8)")
+
+
+@pytest.mark.parametrize("window_layers, gpu_layers, first_layer, message", [
+    (None, 8, 4, "--first-layer 4 fixes where it stands: give one of them"),
+    (4, 8, 0, "--gpu-layers 8 --cycle slides windows of 8 layers; --window-layers 4 asks for another size"),
+    (None, 0, 0, "--gpu-layers 0 --cycle slides a window of no layers"),
+])
+def test_contradictory_cycle_flags_are_refused(window_layers, gpu_layers, first_layer, message):
+    with pytest.raises(UserError, match=message):
+        plan_placement(30, window_layers, gpu_layers, first_layer, "cuda", cycle=True)
+
+
 def test_windows_that_do_not_tile_are_an_error():
     with pytest.raises(UserError, match="do not tile"):
         check_tiling([Window("cpu", 0, 4), Window("cpu", 5, 30)], 30)

@@ -3,10 +3,12 @@ import json
 import time
 
 import numpy as np
+import pytest
 
 from pipeline.flow.tasks import Embed, LayerWindow, Score, Tokenize
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.tokenizer import load_tokenizer
+from pipeline.run.spec import read_tokens_file
 
 from .helpers import HEAD40K, run_pipeline
 
@@ -46,6 +48,19 @@ def test_tokens_file_equals_the_corpus(tmp_path, model_path):
     from_ids = run_pipeline(tmp_path / "b", tokens_file=str(tmp_path / "ids.npy"), **common)
     assert from_ids["mean_nll"] == from_text["mean_nll"]
     assert from_ids["corpus"]["tokens"] == len(ids)
+
+
+@pytest.mark.parametrize("name", ["ids.txt", "ids.npy"])
+def test_dumped_tokens_give_the_same_numbers(name, tmp_path):
+    """--dump-tokens writes the corpus's ids as the run tokenized them (BOS included where asked):
+    every id, in the form --tokens-file reads, and a run from it scores the same."""
+    common = dict(ctx=128, chunks=2, window_layers=0, bos="yes")
+    from_text = run_pipeline(tmp_path / "a", task="wikitext-2", corpus=str(HEAD40K), dump_tokens=str(tmp_path / name),
+                             **common)
+    dumped = read_tokens_file(str(tmp_path / name))
+    assert dumped.size == from_text["corpus"]["tokens"] > 2 * 128 and dumped[0] == 1   # SmolLM2's BOS
+    from_ids = run_pipeline(tmp_path / "b", tokens_file=str(tmp_path / name), **common)
+    assert from_ids["mean_nll"] == from_text["mean_nll"] and from_ids["tokens_scored"] == from_text["tokens_scored"]
 
 
 def test_bos_and_unscored_prefix_options(tmp_path):

@@ -632,6 +632,8 @@ class PerplexityRun(RunTask):
         default="auto", description="layers per window (0: the whole trunk at once; auto: the longest that fit)")
     gpu_layers = luigi.IntParameter(default=-1, description="layers on the device; the rest run on the CPU")
     first_layer = luigi.IntParameter(default=0, description="with --gpu-layers: first layer on the device")
+    cycle = luigi.BoolParameter(default=False, description="with --gpu-layers N: a device window of N layers "
+                                                           "slid across the whole trunk")
     device = luigi.ChoiceParameter(choices=["auto", "cpu", "cuda"], default="auto", significant=False,
                                    description="device for the placed windows")
     device_memory = luigi.Parameter(default="", significant=False,
@@ -640,6 +642,9 @@ class PerplexityRun(RunTask):
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
     per_window = luigi.BoolParameter(default=False, description="print each sequence's mean NLL and the running PPL")
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
+    dump_tokens = luigi.Parameter(default="", significant=False,
+                                  description="write the corpus's token ids as the run tokenized them here "
+                                              "(.npy, or whitespace-separated ids: what --tokens-file reads)")
     kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
                                                       "(alias, GGUF path, or the result JSON of its run)")
     shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
@@ -674,7 +679,7 @@ class PerplexityRun(RunTask):
                                 what, experts, floor)
 
         windows = plan_placement(hp.n_layers, parse_window_layers(self.window_layers), self.gpu_layers,
-                                 self.first_layer, device, pack)
+                                 self.first_layer, device, pack, self.cycle)
         if self.window_layers == "auto" and not self.device_memory:
             with outputs.disk_errors(self.run_root):
                 windows = self.recorded_placement(windows, device, dtypes)
@@ -691,7 +696,8 @@ class PerplexityRun(RunTask):
         hosts with other memory plan the same windows and share every output."""
         s = self.spec()
         key = {"model": s.model_sha256, "device": device, "dtypes": dtypes, "gpu_layers": self.gpu_layers,
-               "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.windows_per_chunk}
+               "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.windows_per_chunk,
+               **({"cycle": True} if self.cycle else {})}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = location(self.run_root) / ".placements" / f"{digest}.json"
         record = outputs.record_once(path, {**key, "placement": format_placement(windows),
@@ -752,6 +758,11 @@ class PerplexityRun(RunTask):
             path = location(self.result_json)
             path.parent.mkdir(parents=True, exist_ok=True)
             outputs.write_json(path, result)
+        if self.dump_tokens:
+            from ..run.spec import write_tokens_file
+            from ..store.arrays import load_tokens
+
+            write_tokens_file(self.dump_tokens, load_tokens(self.clone(Tokenize).out_dir() / "tokens.zarr"))
 
 
 def compute_dtype_name(choice: str, device: str) -> str:

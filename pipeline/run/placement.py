@@ -100,11 +100,15 @@ def window_bytes(per_layer: list[int], experts: list[tuple[int, int]], w: Window
 
 
 def plan_placement(n_layers: int, window_layers: int | None, gpu_layers: int, first_layer: int,
-                   device: str, pack=None) -> list[Window]:
+                   device: str, pack=None, cycle: bool = False) -> list[Window]:
     """`--window-layers N` cycles N-layer windows over the placed layers on `device` (0: one
     window); None (auto) has `pack(device, first, last)` size them to the device's budget.
     `--gpu-layers N [--first-layer K]` puts [K, K+N) on `device` and the layers before and after
-    on the CPU, packed to the CPU's budget (one window each where no `pack` is given)."""
+    on the CPU, packed to the CPU's budget (one window each where no `pack` is given).
+    `--gpu-layers N --cycle` slides a window of N layers on `device` across the whole trunk."""
+    if cycle:
+        window_layers, gpu_layers = cycled_window(window_layers, gpu_layers, first_layer)
+
     def placed(first: int, last: int) -> list[Window]:
         return pack(device, first, last) if window_layers is None else _split(first, last, window_layers, device)
 
@@ -120,6 +124,22 @@ def plan_placement(n_layers: int, window_layers: int | None, gpu_layers: int, fi
                         f"the model's {n_layers} layers")
     end = first_layer + gpu_layers
     return on_cpu(0, first_layer) + placed(first_layer, end) + on_cpu(end, n_layers)
+
+
+def cycled_window(window_layers: int | None, gpu_layers: int, first_layer: int) -> tuple[int | None, int]:
+    """--cycle as (window layers, gpu layers) of the whole trunk on the device: `--gpu-layers N
+    --cycle` is `--window-layers N`; without --gpu-layers, the windows --window-layers sets."""
+    if first_layer:
+        raise UserError(f"--cycle slides the device window across the whole trunk; --first-layer {first_layer} "
+                        f"fixes where it stands: give one of them")
+    if gpu_layers < 0:
+        return window_layers, -1
+    if gpu_layers == 0:
+        raise UserError("--gpu-layers 0 --cycle slides a window of no layers: give --gpu-layers N >= 1")
+    if window_layers is not None and window_layers != gpu_layers:
+        raise UserError(f"--gpu-layers {gpu_layers} --cycle slides windows of {gpu_layers} layers; "
+                        f"--window-layers {window_layers} asks for another size: give one of them")
+    return gpu_layers, -1
 
 
 def check_tiling(windows: list[Window], n_layers: int) -> None:

@@ -61,6 +61,23 @@ def read_tokens_file(path: str) -> np.ndarray:
     return tokens.astype(np.int32).ravel()
 
 
+def write_tokens_file(path: str, tokens: np.ndarray) -> None:
+    """Token ids as --tokens-file reads them: a .npy array, or otherwise one id per line;
+    written aside and renamed, so the file is whole or absent."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    partial = p.with_name(p.name + ".partial")
+    try:
+        if p.suffix == ".npy":
+            with open(partial, "wb") as f:
+                np.save(f, np.asarray(tokens, dtype=np.int32))
+        else:
+            partial.write_text("".join(f"{t}\n" for t in np.asarray(tokens).tolist()))
+        partial.replace(p)
+    except OSError as e:
+        raise UserError(f"cannot write --dump-tokens {path}: {e.strerror or e}") from None
+
+
 @functools.lru_cache(maxsize=16)
 def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: str, ctx: int,
                 stride: int, unscored_prefix: int, chunks: int, bos: str) -> RunSpec:

@@ -124,6 +124,11 @@ def save_plan(path: Path, tokens: np.ndarray, plan: SequencePlan, per_chunk: int
     group.create_array("score_hi", data=plan.score_hi, compressors=_codecs())
 
 
+def load_tokens(path: Path) -> np.ndarray:
+    """Every token id of the corpus a Tokenize output holds, as it tokenized them."""
+    return zarr.open_group(str(path), mode="r")["tokens"][:]
+
+
 def load_plan(path: Path) -> tuple[SequencePlan, dict]:
     group = zarr.open_group(str(path), mode="r")
     attrs = group.attrs.asdict()
