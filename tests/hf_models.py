@@ -41,11 +41,11 @@ def write_tokenizer(out: Path, special: tuple[str, ...] = ()) -> None:
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from pipeline.gguf_io.tokenizer import _QWEN2
+    from pipeline.gguf_io.pre_tokenizers import QWEN2
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_QWEN2), behavior="isolated"),
+        pre_tokenizers.Split(Regex(QWEN2.regexes[0]), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     text = "\n".join(list(pydoc_data.topics.topics.values())[:40])

@@ -1,19 +1,15 @@
 """Token ids equal llama.cpp's (dumps and counts in tests/data/)."""
+import tomllib
+
 import pytest
 
+from pipeline.errors import UserError
+from pipeline.gguf_io.pre_tokenizers import NOT_COMPUTED, PRE_TOKENIZERS
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.tokenizer import load_tokenizer
 
 from .helpers import HEAD40K, REFERENCE, REFERENCE_NAMES
-from .tiny_gguf import rewrite_gguf
-
-# what tells the pre-tokenizers apart: case changes inside words, digit runs, contractions,
-# punctuation before letters, CJK, accents (precomposed and combining), slashes, tabs and blank lines
-SPLIT_CASES = ("CamelCaseWords HTTPServer parseJSON iPhone don't I'M WE'LL 1234567 3.14159 2024-12-02\n"
-               "naïve café Ünïcödé ÀÉÎ cafe\u0301 nai\u0308ve 東京タワー 北京大学 ひらがな 한국어 ¿Qué? «quoted»\n"
-               "a/b/c //path\n\n"
-               "\t tabbed\r\n<tag attr=\"x\">(f(x)=y); x+=1 @user #tag $5.00 100% ...!!! --flag __init__")
-PRE_TEXT = HEAD40K.read_text(encoding="utf-8")[:2000] + "\n" + SPLIT_CASES
+from .token_dumps import PRE_TEXT, gemma4_vocab, qwen_vocab
 
 # llama-tokenize over the whole head40k file, BOS included where the model adds one
 HEAD40K_COUNTS = {"smollm2-135m": 9471, "gemma3-270m": 9226, "qwen2.5-0.5b": 9300}
@@ -37,13 +33,75 @@ def test_bos_only_where_the_file_says(model_path):
     assert smol.encode("Hello", add_bos=True)[0] == smol.bos_id
 
 
-@pytest.mark.parametrize("pre", ["deepseek-v3", "gpt-4o", "llama4", "minimax-m2", "tekken", "glm4", "kimi-k2",
-                                 "qwen35"])
-def test_pre_tokenizers_of_the_biggest_families_equal_llama_cpp(pre, model_path, tmp_path):
-    """Qwen2.5's 151k-token vocabulary under each family's `tokenizer.ggml.pre` (its regexes,
-    merges ignored for whole-token words, BOS rules): llama-tokenize's ids of the same text,
-    dumped into tests/data."""
-    vocab = rewrite_gguf(model_path("qwen2.5-0.5b"), tmp_path / "vocab.gguf", lambda n, q, d: None,
-                         metadata={"tokenizer.ggml.pre": pre})
-    dump = REFERENCE / f"llama-tokenize.qwen-vocab.{pre}.txt"
-    assert load_tokenizer(GGUFIndex(vocab)).encode(PRE_TEXT) == [int(x) for x in dump.read_text().split()]
+def pre_groups() -> list[tuple[str, ...]]:
+    """The names llama-tokenize was run for under Qwen2.5's vocabulary, in groups that our table
+    gives one rule: one tokenizer built per group, every name's ids checked."""
+    groups = {}
+    for name in sorted(n for names in MANIFEST["qwen-vocab"].values() for n in names):
+        groups.setdefault(PRE_TOKENIZERS[name], []).append(name)
+    return [tuple(g) for g in groups.values()]
+
+
+MANIFEST = tomllib.loads((REFERENCE / "llama-tokenize.pre.toml").read_text())
+DUMPS = {name: dump for section in ("qwen-vocab", "gemma4-vocab") for dump, names in MANIFEST[section].items()
+         for name in names}
+
+
+def dump_ids(name: str) -> list[int]:
+    return [int(x) for x in (REFERENCE / DUMPS[name]).read_text().split()]
+
+
+def test_every_pre_tokenizer_of_llama_cpp_is_in_the_table():
+    assert set(MANIFEST["llama_cpp_names"]) == set(PRE_TOKENIZERS) | set(NOT_COMPUTED)
+    assert set(DUMPS) == set(PRE_TOKENIZERS)   # and every one of them has llama-tokenize's ids
+
+
+@pytest.fixture(scope="module")
+def qwen_vocab_file(model_path, tmp_path_factory):
+    return qwen_vocab(model_path("qwen2.5-0.5b"), tmp_path_factory.mktemp("vocab") / "qwen.gguf")
+
+
+@pytest.fixture
+def qwen_vocabulary(qwen_vocab_file):
+    """A fresh index of the vocabulary, whose metadata a test may change."""
+    return GGUFIndex(qwen_vocab_file)
+
+
+@pytest.mark.parametrize("names", pre_groups(), ids=lambda g: g[0])
+def test_pre_tokenizers_equal_llama_cpp(names, qwen_vocabulary):
+    """Qwen2.5's vocabulary (digit merges added, no add_bos_token) under each llama.cpp
+    `tokenizer.ggml.pre`: its regexes, merges ignored for whole-token words, its BOS default;
+    llama-tokenize's ids of the same text, dumped into tests/data (tests/token_dumps.py)."""
+    qwen_vocabulary.metadata["tokenizer.ggml.pre"] = names[0]
+    ids = load_tokenizer(qwen_vocabulary).encode(PRE_TEXT)
+    for name in names:
+        assert ids == dump_ids(name), name
+
+
+@pytest.mark.parametrize("model, pre", [("gemma4", None), ("gpt2", "granite-embed-multi-311m"),
+                                        ("gpt2", "sarvam-moe")])
+def test_raw_utf8_vocabularies_equal_llama_cpp(model, pre, model_path, tmp_path):
+    """Gemma 4's form (raw UTF-8 pieces, spaces as ▁, <0xXX> byte fallback, BOS whatever the
+    file says), built from Gemma 3's pieces, as the tokenizer model `gemma4` and as the pre values
+    that take it under `gpt2`."""
+    vocab = gemma4_vocab(model_path("gemma3-270m"), tmp_path / "vocab.gguf", model, pre)
+    assert load_tokenizer(GGUFIndex(vocab)).encode(PRE_TEXT) == dump_ids(pre or model)
+
+
+def test_a_pre_tokenizer_not_computed_is_refused_in_one_line(qwen_vocabulary):
+    qwen_vocabulary.metadata["tokenizer.ggml.pre"] = "whitespace"
+    with pytest.raises(UserError, match="BPE pre-tokenizer 'whitespace' is not supported .an embedding model"):
+        load_tokenizer(qwen_vocabulary)
+    qwen_vocabulary.metadata["tokenizer.ggml.pre"] = "llama5"
+    with pytest.raises(UserError, match="BPE pre-tokenizer 'llama5' is not supported .not one that llama.cpp knows"):
+        load_tokenizer(qwen_vocabulary)
+
+
+def test_missing_pre_is_default_and_eos_is_added_where_the_file_says(qwen_vocabulary, tmp_path):
+    """llama.cpp reads no pre value as `default`; llama-perplexity tokenizes with add_special,
+    which appends EOS where tokenizer.ggml.add_eos_token is true."""
+    del qwen_vocabulary.metadata["tokenizer.ggml.pre"]
+    assert load_tokenizer(qwen_vocabulary).encode(PRE_TEXT) == dump_ids("default")
+    qwen_vocabulary.metadata["tokenizer.ggml.add_eos_token"] = True
+    ids = load_tokenizer(qwen_vocabulary).encode("Hello")
+    assert ids[-1] == qwen_vocabulary.metadata["tokenizer.ggml.eos_token_id"] and len(ids) == 2

@@ -1,9 +1,11 @@
 """Tokenizer rebuilt from GGUF metadata with Hugging Face `tokenizers`.
 
 The ids must equal llama.cpp's, so the pre-tokenizer follows llama.cpp's table of
-`tokenizer.ggml.pre` regexes and the SentencePiece-style vocabulary ("llama" model) becomes a
-byte-fallback BPE whose merge ranks follow the vocabulary scores, the order in which llama.cpp
-merges. BOS is prepended only where the file says so.
+`tokenizer.ggml.pre` values (pre_tokenizers.py), Gemma 4's vocabulary ("gemma4" model) is a BPE
+over raw UTF-8 with spaces as ▁, and the SentencePiece-style vocabulary ("llama" model) becomes
+a byte-fallback BPE whose merge ranks follow the vocabulary scores, the order in which llama.cpp
+merges. BOS and EOS are added as llama.cpp adds them: where the file says so, or by the
+pre-tokenizer's default.
 """
 from dataclasses import dataclass
 
@@ -12,49 +14,8 @@ from gguf import Keys, TokenType
 from tokenizers import AddedToken, Regex, Tokenizer, models, normalizers, pre_tokenizers
 
 from ..errors import UserError
+from .pre_tokenizers import PreTokenizer, pre_tokenizer
 from .reader import GGUFIndex
-
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
-           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# llama.cpp's forms of GPT-4o's and Tekken's case-splitting regexes: a letter not in a-z stands
-# for an upper-case one, a letter not in A-Z for a lower-case one
-_UPPER, _LOWER = r"((?=[\p{L}])([^a-z]))", r"((?=[\p{L}])([^A-Z]))"
-_CONTRACTION = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
-_NOT_LN = r"[^\r\n\p{L}\p{N}]?"
-_GPT4O = (f"{_NOT_LN}{_UPPER}*{_LOWER}+{_CONTRACTION}|{_NOT_LN}{_UPPER}+{_LOWER}*{_CONTRACTION}"
-          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_TEKKEN = (f"{_NOT_LN}{_UPPER}*{_LOWER}+|{_NOT_LN}{_UPPER}+{_LOWER}*"
-           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN35 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+"
-           r"|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-# Kimi K2 as llama.cpp splits it (custom code, unicode.cpp): Han runs; words of letters other than
-# Han, of any case (unlike the regex of K2's own tokenizer, which splits at case changes), with
-# an optional contraction; digits in threes
-_KIMI_K2 = (r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}"
-            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
-              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
-
-# tokenizer.ggml.pre -> the regexes llama.cpp splits with, applied in turn (llama-vocab.cpp)
-PRE_TOKENIZER_REGEXES = {
-    "gpt-2": [_GPT2], "gpt2": [_GPT2], "mpt": [_GPT2], "olmo": [_GPT2], "jais": [_GPT2],
-    "starcoder": [r"\p{N}", _GPT2], "refact": [r"\p{N}", _GPT2], "command-r": [r"\p{N}", _GPT2],
-    "smollm": [r"\p{N}", _GPT2], "codeshell": [r"\p{N}", _GPT2], "exaone": [r"\p{N}", _GPT2],
-    "qwen2": [_QWEN2], "stablelm2": [_QWEN2], "hunyuan": [_QWEN2],
-    "llama3": [_LLAMA3], "llama-bpe": [_LLAMA3], "llama-v3": [_LLAMA3], "dbrx": [_LLAMA3],
-    "smaug-bpe": [_LLAMA3], "falcon3": [_LLAMA3], "pixtral": [_LLAMA3],
-    "glm4": [_LLAMA3], "glm5": [_LLAMA3],                                  # llama.cpp's CHATGLM4: llama3's regex
-    "gpt-4o": [_GPT4O], "llama4": [_GPT4O], "minimax-m2": [_GPT4O],
-    "tekken": [_TEKKEN], "deepseek-v3": _DEEPSEEK3, "qwen35": [_QWEN35], "kimi-k2": [_KIMI_K2],
-}
-IGNORE_MERGES = {"llama3", "llama-bpe", "llama-v3", "dbrx", "smaug-bpe", "falcon3", "pixtral", "glm4", "glm5", "tekken"}
-NO_BOS = {"glm4", "glm5"}   # llama.cpp defines no BOS token for these
-# BPE pre-tokenizers for which llama.cpp adds BOS where the file does not say (SentencePiece always does)
-BOS_BY_DEFAULT = {"llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "tekken"}
 
 
 @dataclass
@@ -62,6 +23,8 @@ class GGUFTokenizer:
     tokenizer: Tokenizer
     bos_id: int | None
     add_bos: bool
+    eos_id: int | None = None
+    add_eos: bool = False
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -69,6 +32,8 @@ class GGUFTokenizer:
             if self.bos_id is None:
                 raise UserError("BOS was asked for but the model defines no BOS token")
             ids = [self.bos_id] + ids
+        if self.add_eos:
+            ids.append(self.eos_id)
         return ids
 
 
@@ -76,35 +41,47 @@ def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
     kind = gguf.metadata.get(Keys.Tokenizer.MODEL)
     tokens = gguf.strings(Keys.Tokenizer.LIST)
     types = np.asarray(gguf.metadata.get(Keys.Tokenizer.TOKEN_TYPE, np.ones(len(tokens))))
-    if kind == "gpt2":
-        tok = _byte_level_bpe(gguf, tokens)
+    pre = None
+    if kind in ("gpt2", "gemma4"):
+        # llama.cpp: a missing pre-tokenizer is `default`; Gemma 4's vocabulary has its own
+        pre = pre_tokenizer("gemma4" if kind == "gemma4" else str(gguf.metadata.get(Keys.Tokenizer.PRE) or "default"))
+        tok = _bpe(gguf, tokens, pre)
     elif kind == "llama":
         scores = np.asarray(gguf.metadata[Keys.Tokenizer.SCORES])
         add_space = bool(gguf.metadata.get(Keys.Tokenizer.ADD_PREFIX, True))
         tok = _sentencepiece_bpe(tokens, scores, types, add_space)
     else:
-        raise UserError(f"tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
+        raise UserError(f"tokenizer model {kind!r} is not supported (supported: gpt2, gemma4, llama)")
     user_defined = [tokens[i] for i in np.flatnonzero(types == int(TokenType.USER_DEFINED))]
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
-    bos = gguf.metadata.get(Keys.Tokenizer.BOS_ID)
-    pre = gguf.metadata.get(Keys.Tokenizer.PRE)
-    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, kind == "llama" or pre in BOS_BY_DEFAULT))
-    if pre in NO_BOS:
+    bos, eos = gguf.metadata.get(Keys.Tokenizer.BOS_ID), gguf.metadata.get(Keys.Tokenizer.EOS_ID)
+    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, kind == "llama" or (pre and pre.bos_by_default)))
+    add_eos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_EOS, False)) and eos is not None
+    if pre and pre.forced_bos:
+        add_bos = True
+    if pre and pre.no_bos:
         bos, add_bos = None, False
-    return GGUFTokenizer(tok, None if bos is None else int(bos), add_bos)
+    return GGUFTokenizer(tok, None if bos is None else int(bos), add_bos, None if eos is None else int(eos), add_eos)
 
 
-def _byte_level_bpe(gguf: GGUFIndex, tokens: list[str]) -> Tokenizer:
-    pre = str(gguf.metadata.get(Keys.Tokenizer.PRE, "default"))
-    if pre not in PRE_TOKENIZER_REGEXES:
-        raise UserError(f"BPE pre-tokenizer {pre!r} is not supported; "
-                        f"known: {', '.join(sorted(PRE_TOKENIZER_REGEXES))}")
+def _bpe(gguf: GGUFIndex, tokens: list[str], pre: PreTokenizer) -> Tokenizer:
+    """A BPE over GPT-2's byte alphabet, or (Gemma 4) over raw UTF-8 with spaces as ▁ and
+    unknown characters as <0xXX> byte tokens."""
     vocab = {t: i for i, t in enumerate(tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in gguf.strings(Keys.Tokenizer.MERGES)]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in IGNORE_MERGES))
-    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in PRE_TOKENIZER_REGEXES[pre]]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    # split at the first space after the first character, as llama.cpp reads a merge
+    merges = [(m[:i], m[i + 1:]) for m in gguf.strings(Keys.Tokenizer.MERGES) if (i := m.find(" ", 1)) > 0]
+    try:
+        model = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre.ignore_merges,
+                           byte_fallback=not pre.byte_level)
+    except Exception as e:   # tokenizers raises its own Exception naming the token
+        raise UserError(f"{gguf.path}: the tokenizer's merges do not fit its vocabulary ({e})") from None
+    tok = Tokenizer(model)
+    splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]
+    if pre.byte_level:
+        splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    else:
+        tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Sequence(splits)
     return tok
 
 
