@@ -15,7 +15,7 @@ from pipeline.model.arch import load_architecture
 from pipeline.paths import REPO_ROOT
 from pipeline.run import preflight
 
-CONTEXTS = [256, 1024, 4096, 8192]
+CONTEXTS = [256, 1024, 8192]
 BATCH = 4
 MEASURE = """
 import gc, json, sys, torch

@@ -113,8 +113,8 @@ def test_gpu_check_flow_on_the_cpu(capsys, model_path, tmp_path, monkeypatch):
     monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)     # the synthetic model is written here
     cfg = {"corpus": str(HEAD40K), "chunks": 2, "device": "cpu", "window_layers": 2,
            "compute_dtype": "bfloat16", "mean_nll_rel_tol": 0.003, "kl": ["smollm2-135m", "moe"],
-           "models": {"smollm2-135m": {"ctx": 128},
-                      "moe": {"ctx": 128, "sliced": {"device_memory": "900MiB", "compute_dtype": "float32"}}},
+           "models": {"smollm2-135m": {"ctx": 64},
+                      "moe": {"ctx": 64, "sliced": {"device_memory": "900MiB", "compute_dtype": "float32"}}},
            "synthetic": {"moe": {**BIG_EXPERTS, "tokenizer_from": "smollm2-135m"}}}
     assert gpu_check.check_all(cfg)
     assert (tmp_path / "moe.gguf").is_file() and synthetic.Shape
@@ -234,8 +234,8 @@ def test_gpu_check_forms_on_the_cpu(capsys, model_path, tmp_path, monkeypatch, f
     twice = tmp_path / "head40k-twice.txt"   # room for 2 x 9216 tokens, as the llama-cpp method asks
     twice.write_text(HEAD40K.read_text() * 2)
     long = {"chunks": 1, "corpus": str(twice)} if ctx > 8192 else {}
-    # past 8192 tokens, attention's cost is all: two heads of 32
-    shape = SYNTHETIC[family] | (dict(heads=2, kv_heads=1, head_dim=32) if long else {})
+    # past 8192 tokens, attention and the head over 49,152 entries are the cost: two heads of 32, width 64
+    shape = SYNTHETIC[family] | (dict(hidden=64, ffn=128, heads=2, kv_heads=1, head_dim=32) if long else {})
     cfg = {"corpus": str(HEAD40K), "chunks": 2, "device": "cpu", "window_layers": 1, "compute_dtype": "bfloat16",
            "mean_nll_rel_tol": 0.01, "models": {family: {"ctx": ctx, **long}},
            "synthetic": {family: {**shape, "tokenizer_from": "smollm2-135m"}}}
