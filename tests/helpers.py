@@ -73,3 +73,19 @@ def forward(path, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 def random_ids(n_rows=2, n_tokens=150, seed=1) -> torch.Tensor:
     """Token ids of the tiny models' 384-entry vocabulary (tests/hf_models.py)."""
     return torch.randint(1, 384, (n_rows, n_tokens), generator=torch.Generator().manual_seed(seed))
+
+
+def hidden_after(path, slices: int, dtype=torch.float32) -> torch.Tensor:
+    """The hidden state after a GGUF model's whole trunk over random ids, its routed experts in
+    `slices` slices."""
+    from pipeline.gguf_io.reader import GGUFIndex
+    from pipeline.model.arch import load_architecture
+    from pipeline.model.executor import WindowExecutor
+
+    arch = load_architecture(GGUFIndex(path))
+    ids = random_ids(n_rows=2, n_tokens=40, seed=3) % arch.hp.vocab
+    window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype, expert_slices=slices)
+    try:
+        return window(arch.embed(ids, "cpu", torch.float32))
+    finally:
+        window.release()

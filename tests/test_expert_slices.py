@@ -11,22 +11,12 @@ from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import load_architecture
 from pipeline.model.executor import WindowExecutor
 
-from .helpers import HEAD40K, random_ids, run_pipeline
+from .helpers import HEAD40K, hidden_after, run_pipeline
 
 # two layers of 128 experts, 4.5 MiB each in float32 (600 MiB a layer): with the LM head and the
 # runtime (0.82 GiB for the Score task) a budget that holds the head cannot hold a layer
 BIG_EXPERTS = dict(family="qwen3moe", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
                    experts=128, experts_used=8, expert_ffn=1536)
-
-
-def hidden_after(path, slices: int, dtype=torch.float32) -> torch.Tensor:
-    arch = load_architecture(GGUFIndex(path))
-    ids = random_ids(n_rows=2, n_tokens=40, seed=3) % arch.hp.vocab
-    window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype, expert_slices=slices)
-    try:
-        return window(arch.embed(ids, "cpu", torch.float32))
-    finally:
-        window.release()
 
 
 @pytest.mark.parametrize("name", ["qwen3moe", "nemotron_h_moe", "qwen3next_fused", "deepseek2", "gpt-oss", "llama4"])

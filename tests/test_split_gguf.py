@@ -3,12 +3,13 @@ numbers as the whole file, and every part that does not belong refused in one li
 import shutil
 
 import pytest
+import torch
 
 from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.registry import resolve_model
 
-from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline
+from .helpers import HEAD40K, assert_one_line_error, hidden_after, luigi_cli, run_pipeline
 from .tiny_gguf import rewrite_gguf, write_tiny_gguf
 
 SPLITS = {
@@ -42,6 +43,16 @@ def test_a_split_model_gives_the_whole_files_numbers_cycled_and_whole(how, smoll
         assert result["mean_nll"] == reference["mean_nll"] and result["ppl"] == reference["ppl"]
         assert result["model"]["path"] == str(split[0]) and result["model"]["parts"] == [str(p) for p in split]
         assert result["model"]["sha256"] != reference["model"]["sha256"]
+
+
+def test_a_split_moe_runs_in_expert_slices_as_the_whole_file(tiny_model, tmp_path):
+    """Experts read slice by slice from their parts: the whole file's hidden state, bit for bit."""
+    _, path = tiny_model("qwen3moe")
+    rewrite_gguf(path, tmp_path / "moe.gguf", split_max_tensors=2)
+    split = parts(tmp_path, "moe")
+    assert len({GGUFIndex(split[0]).tensors[f"blk.0.ffn_{r}_exps.weight"].part for r in ("gate", "up", "down")}) > 1
+    for slices in (1, 3):
+        assert torch.equal(hidden_after(split[0], slices), hidden_after(path, slices))
 
 
 @pytest.fixture

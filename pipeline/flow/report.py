@@ -57,7 +57,8 @@ def print_report(r: dict, per_window: bool = False) -> None:
         ("Chunks", f"{r['chunks']} of {r['chunks_available']}"),
         ("Context", str(r["ctx"])),
         ("Method", r["method"]),
-        ("Model", f"{r['model']['path']} ({r['model']['architecture']}, {r['model']['n_layers']} layers)"),
+        ("Model", f"{r['model']['path']} ({r['model']['architecture']}, {r['model']['n_layers']} layers"
+                  + (f", {len(r['model']['parts'])} parts)" if len(r["model"].get("parts", [])) > 1 else ")")),
         ("Corpus", f"{r['corpus'].get('source', r['corpus'].get('tokens_file'))} ({r['corpus']['tokens']:,} tokens)"),
         ("Elapsed", f"{r['elapsed_s']:.1f} s"),
         ("Tokens/s", f"{r['tokens_per_s']:,.1f}" if r["tokens_per_s"] else "-"),
