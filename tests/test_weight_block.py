@@ -1,9 +1,12 @@
 """A layer window's weights live in one block, which the next window of the same size takes
 over instead of allocating (and page-faulting) its own; no other task keeps it."""
+import json
+
 import torch
 
 from pipeline.gguf_io.dequant import dequantize
 from pipeline.gguf_io.reader import GGUFIndex, open_gguf
+from pipeline.gguf_io.registry import fetch_model
 from pipeline.model import weight_block
 from pipeline.model.arch import load_architecture
 from pipeline.model.executor import WindowExecutor
@@ -50,9 +53,18 @@ def test_the_next_window_of_that_size_takes_it_over_with_the_same_numbers(model_
     weight_block.drop_kept()
 
 
-def test_no_block_is_kept_past_the_last_window(tmp_path):
+def test_no_block_is_kept_past_the_last_window_and_each_window_reads_the_next_ahead(tmp_path, monkeypatch):
+    """Each window, once loaded, asks the kernel for the next window's file pages (the last one
+    for the LM head's) while it computes; its manifest says how long it waited on the file."""
+    asked = []
+    monkeypatch.setattr(GGUFIndex, "read_ahead", lambda self, names: asked.append(sorted(names)))
     run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=10)
     assert weight_block._kept is None                   # the Score task let it go
+    gguf = GGUFIndex(fetch_model("smollm2-135m"))
+    layers = lambda a, b: sorted(t.name for i in range(a, b) for t in gguf.layer_tensors(i))  # noqa: E731
+    assert asked == [layers(10, 20), layers(20, 30), ["token_embd.weight"]]   # tied embeddings: the head
+    manifests = [json.loads(m.read_text()) for m in (tmp_path / "LayerWindow").glob("*/manifest.json")]
+    assert len(manifests) == 3 and all(0 < m["weight_read_wait_s"] < m["seconds"]["load"] for m in manifests)
 
 
 def test_a_bfloat16_moe_window_holds_every_tensor_in_its_block(tiny_model):

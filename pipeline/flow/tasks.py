@@ -436,7 +436,7 @@ class LayerWindow(PlacedTask):
     def execute(self):
         import torch
 
-        from ..gguf_io.dequant import FILE_BYTES_READ
+        from ..gguf_io.dequant import FILE_BYTES_READ, READ_WAIT_S
         from ..model.arch import load_architecture
         from ..model.executor import WindowExecutor
         from ..run.preflight import layer_weight_bytes
@@ -447,11 +447,12 @@ class LayerWindow(PlacedTask):
         work = self.begin()
         source = self.input_boundary()
         dtype = getattr(torch, self.dtype_name(device))
-        slices, read_before = self.window().expert_slices, FILE_BYTES_READ[0]
+        slices, read_before, wait_before = self.window().expert_slices, FILE_BYTES_READ[0], READ_WAIT_S[0]
         loaded = []
 
         def load():
             loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
+            self.read_ahead_next()
             return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
 
         if slices > 1:
@@ -467,7 +468,20 @@ class LayerWindow(PlacedTask):
             weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
         self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices,
-                    weight_file_bytes_read=FILE_BYTES_READ[0] - read_before, **peaks, **stats)
+                    weight_file_bytes_read=FILE_BYTES_READ[0] - read_before,
+                    weight_read_wait_s=round(READ_WAIT_S[0] - wait_before, 3), **peaks, **stats)
+
+    def read_ahead_next(self) -> None:
+        """While this window computes, the kernel reads the file pages of the next window (or,
+        after the last one, of the LM head) into the page cache, so a cold pass waits on the
+        disk for the first window only."""
+        gguf = self.spec().gguf
+        after = [w for w in self.windows() if w.first == self.last]
+        if after:
+            names = [t.name for i in range(after[0].first, after[0].last) for t in gguf.layer_tensors(i)]
+        else:
+            names = ["output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"]
+        gguf.read_ahead(names)
 
     def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
         """The one layer of this window with its routed experts in slices (model/sliced.py),

@@ -5,6 +5,8 @@ shape (n_blocks, block_size), with the same float operations in the same order a
 numpy dequantizers, so the results are bit-identical to `gguf.quants.dequantize`.
 """
 import functools
+import mmap
+import time
 
 import numpy as np
 import torch
@@ -382,6 +384,7 @@ GPU_PIECE_VALUES = 1 << 22
 
 
 FILE_BYTES_READ = [0]   # bytes of the file dequantized by this process: what a task reads of its weights
+READ_WAIT_S = [0.0]     # seconds spent faulting those bytes in from the file, apart from dequantizing them
 
 
 def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", name: str = "",
@@ -393,6 +396,10 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     block, type_size = GGML_QUANT_SIZES[qtype]
     out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
     FILE_BYTES_READ[0] += raw.nbytes
+    started = time.perf_counter()
+    if raw.flags.c_contiguous and raw.size:   # one byte of every page read: the disk's part of the load
+        raw.reshape(-1)[::mmap.PAGESIZE].max()
+    READ_WAIT_S[0] += time.perf_counter() - started
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
     fn, where = BLOCK_DEQUANTIZERS.get(qtype), torch.device(device)

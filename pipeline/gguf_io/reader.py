@@ -227,10 +227,19 @@ class GGUFIndex:
         """Drop the pages of tensor `name` from this process's resident set once it has been
         dequantized (they stay in the page cache): RSS then holds the tensor being read, not
         every tensor of the window or the file."""
-        if hasattr(mmap, "MADV_DONTNEED"):
+        self._advise(name, "MADV_DONTNEED")
+
+    def read_ahead(self, names) -> None:
+        """Ask the kernel to read these tensors' pages into the page cache in the background
+        (MADV_WILLNEED): the next window's bytes come off the disk while this one computes."""
+        for name in names:
+            self._advise(name, "MADV_WILLNEED")
+
+    def _advise(self, name: str, advice: str) -> None:
+        if hasattr(mmap, advice):
             info = self.tensors[name]
             start = info.offset - info.offset % mmap.PAGESIZE
-            self._maps[info.part].madvise(mmap.MADV_DONTNEED, start, info.offset + info.n_bytes - start)
+            self._maps[info.part].madvise(getattr(mmap, advice), start, info.offset + info.n_bytes - start)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""
