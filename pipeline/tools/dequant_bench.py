@@ -1,14 +1,19 @@
 """Dequantizers side by side: values/s of each torch dequantizer against gguf-py's numpy one on
-the same blocks, and the peak memory of dequantizing a tensor piece by piece against gguf-py
-on the whole tensor copied into torch (what the fallback did before it went piece by piece).
+the same blocks; MB/s of file bytes read from a file in the page cache, as a window's load reads
+them (its pages mapped anew each time), into float32 and bfloat16; and the peak memory of
+dequantizing a tensor piece by piece against gguf-py on the whole tensor copied into torch (what
+the fallback did before it went piece by piece).
 
     python -m pipeline.bench --config configs/bench/dequant.toml
 """
 import json
+import mmap
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -63,6 +68,7 @@ def bench_dequantizers(cfg: dict) -> None:
             theirs = best_of(lambda: quants.dequantize(raw, qtype), cfg["repetitions"])
         n = cfg["values"] / 1e6
         print(f"{name:<8} {n / ours:>16,.1f} {n / theirs:>18,.1f} {theirs / ours:>6.2f}")
+    bench_file_rates(cfg)
     name, values = cfg["fallback_type"], cfg["fallback_values"]
     print(f"\n{name}, {values / 2**20:.0f} Mi values ({values * 4 / 2**30:.1f} GiB of float32): peak memory above "
           f"the process's before dequantizing")
@@ -73,3 +79,36 @@ def bench_dequantizers(cfg: dict) -> None:
         r = json.loads(done.stdout.splitlines()[-1])
         label = "layercycle, piece by piece" if how == "pieces" else "gguf-py on the whole tensor"
         print(f"  {label:<28} {r['extra_mb']:>8,.0f} MB  (the output itself: {r['out_mb']:,.0f} MB)")
+
+
+def bench_file_rates(cfg: dict) -> None:
+    """MB/s of file bytes into float32 and bfloat16, from a file in the page cache whose pages are
+    dropped from the process before each repetition (as a window's load finds them)."""
+    from gguf import GGMLQuantizationType
+
+    print(f"\n{'type':<8} {'file MB':>8} {'into float32 MB/s':>18} {'into bfloat16 MB/s':>19}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in cfg["file_rate_types"]:
+            qtype = GGMLQuantizationType[name]
+            blocks = random_blocks(qtype, cfg["values"])
+            path = Path(tmp) / name
+            blocks.tofile(path)
+            with open(path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            rates = file_rates(mapped, blocks.shape, qtype, cfg["repetitions"])
+            mapped.close()
+            print(f"{name:<8} {blocks.nbytes / 1e6:>8.1f} {rates[0]:>18,.0f} {rates[1]:>19,.0f}")
+
+
+def file_rates(mapped: mmap.mmap, shape: tuple, qtype, repetitions: int) -> list[float]:
+    import torch
+
+    from ..gguf_io.dequant import dequantize
+
+    raw = np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
+    raw.max()                                   # the file in the page cache
+
+    def load(dtype):
+        mapped.madvise(mmap.MADV_DONTNEED)      # its pages faulted in anew, from the cache
+        dequantize(raw, qtype, dtype=dtype)
+    return [raw.nbytes / 1e6 / best_of(lambda: load(dtype), repetitions) for dtype in (torch.float32, torch.bfloat16)]
