@@ -154,6 +154,7 @@ class Spec:
     reference: object = None         # applied to the transformers model, where llama.cpp defines the file otherwise
     checkpoint: object = None        # applied to the saved checkpoint's folder, for the converter
     prepare: object = None           # applied to the random model before it is saved
+    causal_lm: str = ""              # the transformers class, where AutoModelForCausalLM does not map the config
 
 
 YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, rope_theta=10000.0)
@@ -179,6 +180,12 @@ SPECS = {
         rope_type="yarn", factor=4.0, original_max_position_embeddings=64, rope_theta=10000.0, beta_fast=2.0,
         beta_slow=1.0, mscale=1.0, mscale_all_dim=2.0, llama_4_scaling_beta=0.5)),
         raw_config={"architectures": ["Ministral3ForCausalLM"]}),
+    # Mistral 4: DeepSeek-V3's graph (MLA, YaRN with mscale_all_dim, interleaved RoPE) with
+    # softmax routing in groups beside a shared expert, under Mistral's converter; that converter
+    # writes no Llama-4 temperature for it and llama.cpp computes none: beta 0 in transformers
+    "mistral4": Spec("Mistral4Config", _deepseek(q_lora_rank=48, rope_parameters=dict(
+        YARN, mscale=0.8, mscale_all_dim=0.8, llama_4_scaling_beta=0.0)),
+        raw_config={"architectures": ["Ministral3ForCausalLM"]}, causal_lm="Mistral4ForCausalLM"),
     # the Qwen3-VL text trunk: sections [4, 1, 1] put pairs 4 and 5 of 8 on the fourth axis (a low
     # RoPE base makes their rotation count)
     "qwen3vl": Spec("Qwen3VLConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
@@ -278,7 +285,11 @@ def build_hf(name: str, out: Path, seed: int = 0):
         model = getattr(transformers, spec.multimodal)._from_config(config, dtype=torch.float32).eval()
     else:
         config = getattr(transformers, spec.config)(**spec.kwargs)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, experts_implementation="eager").eval()
+        if spec.causal_lm:
+            model = getattr(transformers, spec.causal_lm)._from_config(config, dtype=torch.float32,
+                                                                        experts_implementation="eager").eval()
+        else:
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, experts_implementation="eager").eval()
     with torch.no_grad():  # random norm weights and biases too (routers' selection biases are buffers)
         for pname, p in [*model.named_parameters(), *model.named_buffers()]:
             if p.is_floating_point() and (("norm" in pname and p.dim() == 1) or "bias" in pname):

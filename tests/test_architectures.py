@@ -16,7 +16,7 @@ from .helpers import forward, random_ids, run_pipeline
 from .tiny_gguf import rewrite_gguf
 
 ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe",
-         "deepseek2", "deepseek2_lite", "glm4moe", "mistral3", "qwen3vl", "qwen3vlmoe",
+         "deepseek2", "deepseek2_lite", "glm4moe", "mistral3", "mistral4", "qwen3vl", "qwen3vlmoe",
          "gpt-oss", "minimax-m2", "llama4", "ernie4_5-moe"]
 # the largest open families, each also placed with --gpu-layers
 SPLIT = ["deepseek2", "glm4moe", "mistral3", "qwen3vlmoe", "gpt-oss", "minimax-m2", "llama4",
@@ -172,11 +172,12 @@ def test_a_window_holds_only_its_layers_weights(name, tiny_model, tmp_path):
 # (floor 0.004), on random ids of its 384-entry vocabulary (NLL about 7.7-8.4 nats). Measured:
 # qwen3 0.0010, qwen3moe 0.0031, mixtral 0.0145, qwen3next 0.0008, qwen35 0.0123, qwen35moe
 # 0.0007, nemotron_h 0.0020, nemotron_h_moe 0.0012, deepseek2 0.0271, deepseek2_lite 0.0092,
-# glm4moe 0.0181, mistral3 0.0044, qwen3vl 0.0048, qwen3vlmoe 0.0071, gpt-oss 0.0442, minimax-m2
+# glm4moe 0.0181, mistral3 0.0044, mistral4 0.0022, qwen3vl 0.0048, qwen3vlmoe 0.0071, gpt-oss 0.0442, minimax-m2
 # 0.0111, llama4 0.0011, ernie4_5-moe 0.0102.
 BFLOAT16_NATS = {"qwen3": 0.004, "qwen3moe": 0.007, "mixtral": 0.03, "qwen3next": 0.004, "qwen35": 0.025,
                  "qwen35moe": 0.004, "nemotron_h": 0.005, "nemotron_h_moe": 0.004, "deepseek2": 0.055,
-                 "deepseek2_lite": 0.02, "glm4moe": 0.037, "mistral3": 0.009, "qwen3vl": 0.01, "qwen3vlmoe": 0.015,
+                 "deepseek2_lite": 0.02, "glm4moe": 0.037, "mistral3": 0.009, "mistral4": 0.005,
+                 "qwen3vl": 0.01, "qwen3vlmoe": 0.015,
                  "gpt-oss": 0.09, "minimax-m2": 0.023, "llama4": 0.004, "ernie4_5-moe": 0.021}
 
 

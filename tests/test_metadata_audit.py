@@ -66,3 +66,13 @@ def test_group_limited_routing_is_read_and_checked(tiny_model, tmp_path):
                         {Keys.LLM.EXPERT_GROUP_COUNT: 3, Keys.LLM.EXPERT_GROUP_USED_COUNT: 1})
     with pytest.raises(UserError, match="4 experts in 3 groups"):
         load_architecture(GGUFIndex(bad))   # before any layer is loaded
+
+
+def test_an_attention_temperature_on_mistral4_is_refused(tiny_model, tmp_path):
+    """Mistral 4's converter writes no temperature and layercycle computes none for the deepseek2
+    graph: a file that sets one (as llama.cpp's Mistral Large reading would apply) is refused."""
+    _, path = tiny_model("mistral4")
+    load_architecture(GGUFIndex(path))
+    tempered = with_metadata(path, tmp_path / "tempered.gguf", {Keys.Attention.TEMPERATURE_SCALE: 0.1})
+    with pytest.raises(UserError, match=r"mistral4\.attention\.temperature_scale = 0\.1"):
+        load_architecture(GGUFIndex(tempered))

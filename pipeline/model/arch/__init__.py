@@ -19,7 +19,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "qwen3": Qwen2, "qwen3moe": Qwen2,
     "qwen3next": Qwen3Next, "qwen35": Qwen35, "qwen35moe": Qwen35,
     "nemotron_h": NemotronH, "nemotron_h_moe": NemotronH, "deepseek2": Deepseek2,
-    "glm4moe": Glm4Moe, "mistral3": Mistral3,
+    "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,
 }

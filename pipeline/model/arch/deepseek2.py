@@ -65,6 +65,7 @@ class LatentAttention(Attention):
 
 
 class Deepseek2(DecoderArch):
+    fused_gate_up_experts = True   # Mistral 4's converter writes ffn_gate_up_exps; llama.cpp loads either
     honours = frozenset({Keys.Attention.Q_LORA_RANK, Keys.Attention.KV_LORA_RANK, Keys.LLM.EXPERT_WEIGHTS_NORM,
                          Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.LEADING_DENSE_BLOCK_COUNT,
                          Keys.Rope.SCALING_YARN_LOG_MUL})
