@@ -9,6 +9,7 @@ from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.tokenizer import load_tokenizer
 
 from .helpers import HEAD40K, REFERENCE, REFERENCE_NAMES
+from .tiny_gguf import rewrite_gguf
 from .token_dumps import PRE_TEXT, gemma4_vocab, qwen_vocab
 
 # llama-tokenize over the whole head40k file, BOS included where the model adds one
@@ -105,3 +106,17 @@ def test_missing_pre_is_default_and_eos_is_added_where_the_file_says(qwen_vocabu
     qwen_vocabulary.metadata["tokenizer.ggml.add_eos_token"] = True
     ids = load_tokenizer(qwen_vocabulary).encode("Hello")
     assert ids[-1] == qwen_vocabulary.metadata["tokenizer.ggml.eos_token_id"] and len(ids) == 2
+
+
+@pytest.mark.parametrize("pre, add_bos, bos_id", [("llama3", True, 1), ("qwen2", False, 1), ("glm4", False, None)])
+def test_a_run_adds_bos_as_llama_cpp_decides(pre, add_bos, bos_id, model_path, tmp_path):
+    """Without add_bos_token in the file, --bos auto follows llama.cpp's default for the
+    pre-tokenizer (the Llama 3 group adds one, GLM defines none), in the tokens and at each
+    sequence's start (llama-perplexity's chunks)."""
+    from pipeline.run.spec import resolve_run
+
+    path = rewrite_gguf(model_path("smollm2-135m"), tmp_path / f"{pre}.gguf",
+                        metadata={"tokenizer.ggml.pre": pre, "tokenizer.ggml.add_bos_token": None})
+    spec = resolve_run(str(path), "python-docs", "", "", "", 128, 0, -1, 2, "auto")
+    assert (spec.method.bos, spec.bos_id) == (add_bos, bos_id)
+    assert (load_tokenizer(GGUFIndex(path)).encode("Hello")[0] == 1) == add_bos   # SmolLM2's BOS is 1

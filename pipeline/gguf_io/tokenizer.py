@@ -38,30 +38,51 @@ class GGUFTokenizer:
 
 
 def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
-    kind = gguf.metadata.get(Keys.Tokenizer.MODEL)
     tokens = gguf.strings(Keys.Tokenizer.LIST)
     types = np.asarray(gguf.metadata.get(Keys.Tokenizer.TOKEN_TYPE, np.ones(len(tokens))))
-    pre = None
-    if kind in ("gpt2", "gemma4"):
-        # llama.cpp: a missing pre-tokenizer is `default`; Gemma 4's vocabulary has its own
-        pre = pre_tokenizer("gemma4" if kind == "gemma4" else str(gguf.metadata.get(Keys.Tokenizer.PRE) or "default"))
+    pre = file_pre_tokenizer(gguf)
+    if pre is not None:
         tok = _bpe(gguf, tokens, pre)
-    elif kind == "llama":
+    else:
         scores = np.asarray(gguf.metadata[Keys.Tokenizer.SCORES])
         add_space = bool(gguf.metadata.get(Keys.Tokenizer.ADD_PREFIX, True))
         tok = _sentencepiece_bpe(tokens, scores, types, add_space)
-    else:
-        raise UserError(f"tokenizer model {kind!r} is not supported (supported: gpt2, gemma4, llama)")
     user_defined = [tokens[i] for i in np.flatnonzero(types == int(TokenType.USER_DEFINED))]
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
-    bos, eos = gguf.metadata.get(Keys.Tokenizer.BOS_ID), gguf.metadata.get(Keys.Tokenizer.EOS_ID)
-    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, kind == "llama" or (pre and pre.bos_by_default)))
+    eos = gguf.metadata.get(Keys.Tokenizer.EOS_ID)
     add_eos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_EOS, False)) and eos is not None
-    if pre and pre.forced_bos:
-        add_bos = True
-    if pre and pre.no_bos:
-        bos, add_bos = None, False
-    return GGUFTokenizer(tok, None if bos is None else int(bos), add_bos, None if eos is None else int(eos), add_eos)
+    return GGUFTokenizer(tok, *bos_rule(gguf), None if eos is None else int(eos), add_eos)
+
+
+BPE_MODELS = ("gpt2", "gemma4")
+
+
+def file_pre_tokenizer(gguf: GGUFIndex) -> PreTokenizer | None:
+    """The BPE pre-tokenizer of the file's tokenizer (llama.cpp reads a missing value as
+    `default`; Gemma 4's vocabulary has its own), None for a SentencePiece one."""
+    kind = gguf.metadata.get(Keys.Tokenizer.MODEL)
+    if kind == "llama":
+        return None
+    if kind not in BPE_MODELS:
+        raise UserError(f"tokenizer model {kind!r} is not supported (supported: gpt2, gemma4, llama)")
+    return pre_tokenizer("gemma4" if kind == "gemma4" else str(gguf.metadata.get(Keys.Tokenizer.PRE) or "default"))
+
+
+def bos_rule(gguf: GGUFIndex) -> tuple[int | None, bool]:
+    """(the BOS id, whether it is added) as llama-vocab.cpp decides: the file's add_bos_token,
+    else the tokenizer's default (SentencePiece and some pre-tokenizers add one); Gemma 4's
+    always; no BOS at all where the pre-tokenizer defines none (ChatGLM, GLM). A tokenizer not
+    rebuilt here (its ids given by --tokens-file) follows the file's keys alone."""
+    bos = gguf.metadata.get(Keys.Tokenizer.BOS_ID)
+    bos = None if bos is None else int(bos)
+    try:
+        pre = file_pre_tokenizer(gguf)
+    except UserError:
+        return bos, bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, False))
+    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, pre is None or pre.bos_by_default))
+    if pre is not None and pre.no_bos:
+        return None, False
+    return bos, add_bos or (pre is not None and pre.forced_bos)
 
 
 def _bpe(gguf: GGUFIndex, tokens: list[str], pre: PreTokenizer) -> Tokenizer:

@@ -14,6 +14,7 @@ from gguf import Keys
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex, open_gguf
 from ..gguf_io.registry import model_sha256, registry, resolve_model, sha256_file
+from ..gguf_io.tokenizer import bos_rule
 from .corpus_plan import Method
 from .evaltask import EvalTask, corpus_text, load_eval_task, text_sha256
 
@@ -46,8 +47,7 @@ class RunSpec:
 
     @property
     def bos_id(self) -> int | None:
-        bos = self.gguf.metadata.get(Keys.Tokenizer.BOS_ID)
-        return None if bos is None else int(bos)
+        return bos_rule(self.gguf)[0]
 
 
 def read_tokens_file(path: str) -> np.ndarray:
@@ -87,7 +87,7 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
     known = registry().get(model)
     sha = known["sha256"] if known else model_sha256(gguf.parts)
     defaults = eval_task.method
-    add_bos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_BOS, False))
+    bos_id, add_bos = bos_rule(gguf)   # as llama-perplexity tokenizes and marks each chunk
     m = Method(name=method or defaults.get("name", "llama-cpp"), ctx=ctx or int(defaults.get("ctx", 512)),
                stride=stride, unscored_prefix=unscored_prefix,
                chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks,
@@ -97,6 +97,6 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
     context = load_architecture(gguf).hp.context_length
     if m.ctx > context:
         raise UserError(f"--ctx {m.ctx} is above the model's context length of {context}")
-    if m.bos and gguf.metadata.get(Keys.Tokenizer.BOS_ID) is None:
+    if m.bos and bos_id is None:
         raise UserError("--bos yes was asked for but the model defines no BOS token")
     return RunSpec(path, sha, eval_task, corpus, tokens_file, m)
