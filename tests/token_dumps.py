@@ -31,20 +31,24 @@ SPLIT_CASES = ("CamelCaseWords HTTPServer parseJSON iPhone don't I'M WE'LL 12345
                "Ελληνικά Русский текст עברית العربية हिन्दी ไทย\n"
                "it's It'S THEY'RE we've I'd you'll")
 PRE_TEXT = HEAD40K.read_text(encoding="utf-8")[:2000] + "\n" + SPLIT_CASES
-# Qwen2.5 splits every digit, so merges of digits in twos and threes are added for groupings to show
+# Qwen2.5 splits every digit, so merges of digits in twos and threes are added for groupings to
+# show; and it has no merge of a letter with a combining mark (e + U+0301, i + U+0308, in GPT-2's
+# byte alphabet), so ranked first, those show whether a pre-tokenizer keeps marks in words
 DIGIT_MERGES = [("1", "2"), ("12", "3"), ("4", "5"), ("45", "6"), ("6", "7"), ("2", "0"), ("20", "2"),
                 ("1", "0"), ("10", "0"), ("1", "4"), ("14", "1"), ("5", "9"), ("3", "4")]
+MARK_MERGES = [("Ì", "Ī"), ("e", "Ìģ"), ("i", "ÌĪ")]
 
 
 def qwen_vocab(qwen: Path, out: Path) -> Path:
-    """Qwen2.5's 151,936-entry byte-level vocabulary, the digit merges appended, no
-    add_bos_token (so each pre-tokenizer's own BOS default shows)."""
+    """Qwen2.5's 151,936-entry byte-level vocabulary, the digit merges appended, the mark merges
+    put first, no add_bos_token (so each pre-tokenizer's own BOS default shows)."""
     index = GGUFIndex(qwen)
     tokens, merges = index.strings(Keys.Tokenizer.LIST), index.strings(Keys.Tokenizer.MERGES)
     types = np.asarray(index.metadata[Keys.Tokenizer.TOKEN_TYPE]).tolist()
-    return write_vocab(out, "gpt2", "qwen2", tokens + [a + b for a, b in DIGIT_MERGES],
-                       types + [int(TokenType.NORMAL)] * len(DIGIT_MERGES),
-                       merges + [f"{a} {b}" for a, b in DIGIT_MERGES],
+    added = MARK_MERGES + DIGIT_MERGES
+    return write_vocab(out, "gpt2", "qwen2", tokens + [a + b for a, b in added],
+                       types + [int(TokenType.NORMAL)] * len(added),
+                       [f"{a} {b}" for a, b in MARK_MERGES] + merges + [f"{a} {b}" for a, b in DIGIT_MERGES],
                        index.metadata[Keys.Tokenizer.BOS_ID], index.metadata[Keys.Tokenizer.EOS_ID], add_bos=None)
 
 
