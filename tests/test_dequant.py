@@ -1,4 +1,5 @@
-"""The torch dequantizers equal gguf-py's numpy dequantizers bit for bit."""
+"""The dequantizers (the compiled host loops and the torch ones a GPU runs) equal gguf-py's numpy
+dequantizers bit for bit."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,6 +9,7 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
 from pipeline.errors import UserError
+from pipeline.gguf_io import host_dequant
 from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, Uploads, dequantize
 
 QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -35,8 +37,16 @@ def _fp16_offsets(qtype: Q) -> list[int]:
             Q.IQ2_XXS: [0], Q.IQ2_XS: [0], Q.IQ2_S: [0], Q.IQ3_XXS: [0], Q.IQ3_S: [0], Q.IQ1_S: [0]}[qtype]
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def path(request, monkeypatch):
+    """The host's compiled loops, or (with none) the torch dequantizers a GPU runs, on the CPU."""
+    if request.param == "torch":
+        monkeypatch.setattr(host_dequant, "KERNELS", {})
+    return request.param
+
+
 @pytest.mark.parametrize("qtype", K_QUANTS + QUANTIZABLE[2:] + OTHER_TYPES)
-def test_random_blocks_match_gguf(qtype):
+def test_random_blocks_match_gguf(qtype, path):
     raw = random_blocks(qtype, rows=8, row_blocks=3, seed=int(qtype))
     ours = dequantize(raw, qtype).numpy()
     ref = quants.dequantize(raw, qtype)
@@ -45,7 +55,7 @@ def test_random_blocks_match_gguf(qtype):
 
 
 @pytest.mark.parametrize("qtype", [Q.F32] + QUANTIZABLE)
-def test_quantized_weights_match_gguf(qtype):
+def test_quantized_weights_match_gguf(qtype, path):
     values = np.random.default_rng(0).standard_normal((6, 256)).astype(np.float32) * 3
     stored = values if qtype == Q.F32 else quants.quantize(values, qtype)
     ours = dequantize(stored.view(np.uint8), qtype).numpy()  # GGUF tensors are read as bytes
@@ -62,6 +72,7 @@ def test_a_type_without_a_torch_dequantizer_goes_through_gguf_py_piece_by_piece(
     """A type the torch table lacks (Q8_0 taken out here) is dequantized by gguf-py, one piece
     at a time, never copied whole, with gguf-py's values cast to the compute dtype."""
     monkeypatch.delitem(BLOCK_DEQUANTIZERS, Q.Q8_0)
+    monkeypatch.delitem(host_dequant.KERNELS, Q.Q8_0)
     block, _ = GGML_QUANT_SIZES[Q.Q8_0]
     raw = random_blocks(Q.Q8_0, rows=6, row_blocks=5, seed=4)
     seen, real = [], quants.dequantize
@@ -129,6 +140,7 @@ def test_dequantizes_on_the_requested_device(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch):
     """Pieces that end inside a row give gguf-py's float32 values, cast to the compute dtype."""
+    monkeypatch.setattr(host_dequant, "KERNELS", {})
     block, _ = GGML_QUANT_SIZES[qtype]
     monkeypatch.setattr("pipeline.gguf_io.dequant.PIECE_VALUES", 3 * block)  # rows are 5 blocks long
     raw = random_blocks(qtype, rows=7, row_blocks=5, seed=11)
@@ -160,7 +172,7 @@ def test_a_float_tensor_in_its_own_dtype_is_its_bytes(qtype, dtype):
 
 @pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.Q5_0, Q.Q8_0])
 @pytest.mark.parametrize("row", [576, 4864])   # SmolLM2's hidden size, Qwen2.5-0.5B's FFN: not multiples of 256
-def test_rows_that_are_not_a_multiple_of_256(qtype, row, monkeypatch):
+def test_rows_that_are_not_a_multiple_of_256(qtype, row, path, monkeypatch):
     """The types quantizers fall back to for such rows, over pieces that end inside a row."""
     block, _ = GGML_QUANT_SIZES[qtype]
     monkeypatch.setattr("pipeline.gguf_io.dequant.PIECE_VALUES", 7 * block)
@@ -201,3 +213,23 @@ def test_a_staging_buffer_waits_for_the_copy_of_the_previous_tensor():
               for _, piece in LateCopies(stream).pieces(np.full((1, 18), value, np.uint8), 4)]
     catch_up(stream)
     assert [int(p[0, 0]) for p in pieces] == [1, 2, 3]
+
+
+def test_the_common_file_types_have_compiled_host_loops():
+    """The types 30B files are made of load in one compiled pass into either compute dtype."""
+    for qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, *K_QUANTS, Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4):
+        assert host_dequant.handles(qtype, torch.float32) and host_dequant.handles(qtype, torch.bfloat16)
+
+
+@pytest.mark.parametrize("qtype", sorted(host_dequant.KERNELS))
+def test_compiled_loops_round_to_bfloat16_as_torch_does(qtype):
+    """Into bfloat16: gguf-py's float32 values rounded as torch rounds them, ties to even, with
+    every scale bit pattern (infinities and NaNs among them) and random quants."""
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    raw = np.random.default_rng(int(qtype)).integers(0, 256, size=(4096, type_size), dtype=np.uint8)
+    ours = dequantize(raw, qtype, dtype=torch.bfloat16)
+    with np.errstate(all="ignore"):
+        ref = torch.from_numpy(quants.dequantize(raw, qtype).reshape(ours.shape)).to(torch.bfloat16)
+    nan = ref.isnan()
+    assert torch.equal(ours.isnan(), nan)
+    assert torch.equal(ours[~nan].view(torch.int16), ref[~nan].view(torch.int16))

@@ -47,22 +47,29 @@ def test_the_next_window_of_that_size_takes_it_over_with_the_same_numbers(model_
     assert fresh.weights is not block
     assert torch.equal(fresh(hidden), taken_over)
     fresh.release()
-    other_size = WindowExecutor(arch, 4, 7, "cpu", torch.float32)
-    assert other_size.weights.data.numel() != block.data.numel()
-    other_size.release()
+    bigger = WindowExecutor(arch, 4, 7, "cpu", torch.float32)
+    assert bigger.weights.data.numel() > block.data.numel()     # no room in the kept block: a new one
+    bigger_block, expected = bigger.weights, bigger(hidden)
+    bigger.release()
+    smaller = WindowExecutor(arch, 4, 6, "cpu", torch.float32)  # room in the kept one: taken over
+    assert smaller.weights is bigger_block and smaller.weights.used < bigger_block.data.numel()
+    assert torch.equal(WindowExecutor(arch, 6, 7, "cpu", torch.float32)(smaller(hidden)), expected)
+    smaller.release()
     weight_block.drop_kept()
 
 
 def test_no_block_is_kept_past_the_last_window_and_each_window_reads_the_next_ahead(tmp_path, monkeypatch):
-    """Each window, once loaded, asks the kernel for the next window's file pages (the last one
-    for the LM head's) while it computes; its manifest says how long it waited on the file."""
+    """Each window asks the kernel for its own file pages as it starts loading (the disk reads
+    ahead of the dequantization) and, once loaded, for the next window's (the last one for the
+    LM head's) while it computes; its manifest says how long it waited on the file."""
     asked = []
     monkeypatch.setattr(GGUFIndex, "read_ahead", lambda self, names: asked.append(sorted(names)))
     run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=10)
     assert weight_block._kept is None                   # the Score task let it go
     gguf = GGUFIndex(fetch_model("smollm2-135m"))
     layers = lambda a, b: sorted(t.name for i in range(a, b) for t in gguf.layer_tensors(i))  # noqa: E731
-    assert asked == [layers(10, 20), layers(20, 30), ["token_embd.weight"]]   # tied embeddings: the head
+    assert asked == [layers(0, 10), layers(10, 20), layers(10, 20), layers(20, 30), layers(20, 30),
+                     ["token_embd.weight"]]                                  # tied embeddings: the head
     manifests = [json.loads(m.read_text()) for m in (tmp_path / "LayerWindow").glob("*/manifest.json")]
     assert len(manifests) == 3 and all(0 < m["weight_read_wait_s"] < m["seconds"]["load"] for m in manifests)
 

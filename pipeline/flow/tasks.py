@@ -451,6 +451,8 @@ class LayerWindow(PlacedTask):
         loaded = []
 
         def load():
+            # this window's pages asked for at once: the disk reads ahead of the dequantization
+            self.spec().gguf.read_ahead(self.layer_tensor_names(self.first, self.last))
             loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
             self.read_ahead_next()
             return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
@@ -478,10 +480,14 @@ class LayerWindow(PlacedTask):
         gguf = self.spec().gguf
         after = [w for w in self.windows() if w.first == self.last]
         if after:
-            names = [t.name for i in range(after[0].first, after[0].last) for t in gguf.layer_tensors(i)]
+            names = self.layer_tensor_names(after[0].first, after[0].last)
         else:
             names = ["output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"]
         gguf.read_ahead(names)
+
+    def layer_tensor_names(self, first: int, last: int) -> list[str]:
+        gguf = self.spec().gguf
+        return [t.name for i in range(first, last) for t in gguf.layer_tensors(i)]
 
     def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
         """The one layer of this window with its routed experts in slices (model/sliced.py),

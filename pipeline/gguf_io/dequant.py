@@ -402,12 +402,17 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     READ_WAIT_S[0] += time.perf_counter() - started
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
+    from . import host_dequant  # numba: imported when a process first dequantizes, not by the scheduler
+
     fn, where = BLOCK_DEQUANTIZERS.get(qtype), torch.device(device)
     if STORED_AS.get(qtype) == dtype:   # the bytes themselves, without a round trip through float32
         if where.type == "cpu":            # one copy, from the file's pages into `out`
             out.view(torch.uint8).numpy().reshape(raw.shape)[...] = raw
             return out
         fn = functools.partial(_as_stored, dtype=dtype)
+    elif where.type == "cpu" and host_dequant.handles(qtype, dtype):   # one compiled pass
+        host_dequant.dequantize_into(raw.reshape(-1, type_size), qtype, out)
+        return out
     elif fn is None:
         fn, where = _with_gguf_py(qtype, name), torch.device("cpu")
     blocks = raw.reshape(-1, type_size)                                  # [n_blocks, type_size]

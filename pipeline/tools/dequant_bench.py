@@ -1,5 +1,6 @@
-"""Dequantizers side by side: values/s of each torch dequantizer against gguf-py's numpy one on
-the same blocks; MB/s of file bytes read from a file in the page cache, as a window's load reads
+"""Dequantizers side by side: values/s of layercycle's host dequantizer of each type (a compiled
+loop where the type has one, else the torch operations) against gguf-py's numpy one on the same
+blocks; MB/s of file bytes read from a file in the page cache, as a window's load reads
 them (its pages mapped anew each time), into float32 and bfloat16; and the peak memory of
 dequantizing a tensor piece by piece against gguf-py on the whole tensor copied into torch (what
 the fallback did before it went piece by piece).
@@ -59,7 +60,7 @@ def bench_dequantizers(cfg: dict) -> None:
     from ..gguf_io.dequant import dequantize
 
     torch.set_num_threads(cfg["threads"])
-    print(f"\n{'type':<8} {'torch Mvalues/s':>16} {'gguf-py Mvalues/s':>18} {'ratio':>6}")
+    print(f"\n{'type':<8} {'layercycle Mvalues/s':>21} {'gguf-py Mvalues/s':>18} {'ratio':>6}")
     for name in cfg["types"]:
         qtype = GGMLQuantizationType[name]
         raw = random_blocks(qtype, cfg["values"])
@@ -67,7 +68,7 @@ def bench_dequantizers(cfg: dict) -> None:
         with np.errstate(all="ignore"):   # random scales: some are NaN or inf, on both sides alike
             theirs = best_of(lambda: quants.dequantize(raw, qtype), cfg["repetitions"])
         n = cfg["values"] / 1e6
-        print(f"{name:<8} {n / ours:>16,.1f} {n / theirs:>18,.1f} {theirs / ours:>6.2f}")
+        print(f"{name:<8} {n / ours:>21,.1f} {n / theirs:>18,.1f} {theirs / ours:>6.2f}")
     bench_file_rates(cfg)
     name, values = cfg["fallback_type"], cfg["fallback_values"]
     print(f"\n{name}, {values / 2**20:.0f} Mi values ({values * 4 / 2**30:.1f} GiB of float32): peak memory above "
@@ -83,10 +84,13 @@ def bench_dequantizers(cfg: dict) -> None:
 
 def bench_file_rates(cfg: dict) -> None:
     """MB/s of file bytes into float32 and bfloat16, from a file in the page cache whose pages are
-    dropped from the process before each repetition (as a window's load finds them)."""
+    dropped from the process before each repetition, as a window's load finds them: into a
+    weight block kept from the last window (every window but the first), into a new one (the
+    first), and, beside them, through the torch dequantizers a GPU runs, here on the CPU."""
     from gguf import GGMLQuantizationType
 
-    print(f"\n{'type':<8} {'file MB':>8} {'into float32 MB/s':>18} {'into bfloat16 MB/s':>19}")
+    print(f"\n{'MB/s of file bytes':<18} {'into float32':>38} {'into bfloat16':>38}")
+    print(f"{'type':<8} {'file MB':>9}" + f" {'kept block':>12} {'new block':>12} {'torch ops':>12}" * 2)
     with tempfile.TemporaryDirectory() as tmp:
         for name in cfg["file_rate_types"]:
             qtype = GGMLQuantizationType[name]
@@ -97,18 +101,37 @@ def bench_file_rates(cfg: dict) -> None:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             rates = file_rates(mapped, blocks.shape, qtype, cfg["repetitions"])
             mapped.close()
-            print(f"{name:<8} {blocks.nbytes / 1e6:>8.1f} {rates[0]:>18,.0f} {rates[1]:>19,.0f}")
+            print(f"{name:<8} {blocks.nbytes / 1e6:>9.1f}" + "".join(f" {r:>12,.0f}" for r in rates))
 
 
 def file_rates(mapped: mmap.mmap, shape: tuple, qtype, repetitions: int) -> list[float]:
+    """[kept, new, torch] MB/s into float32, then the same into bfloat16."""
     import torch
+    from gguf import GGML_QUANT_SIZES
 
+    from ..gguf_io import host_dequant
     from ..gguf_io.dequant import dequantize
+    from ..model.weight_block import WeightBlock
 
     raw = np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
     raw.max()                                   # the file in the page cache
+    values = shape[0] * GGML_QUANT_SIZES[qtype][0]
 
-    def load(dtype):
+    def load(dtype, block: WeightBlock | None):
         mapped.madvise(mmap.MADV_DONTNEED)      # its pages faulted in anew, from the cache
-        dequantize(raw, qtype, dtype=dtype)
-    return [raw.nbytes / 1e6 / best_of(lambda: load(dtype), repetitions) for dtype in (torch.float32, torch.bfloat16)]
+        block = block or WeightBlock(values * dtype.itemsize, "cpu")
+        dequantize(raw, qtype, dtype=dtype, out=block.data.view(dtype))
+
+    def torch_ops(dtype):
+        kernels, host_dequant.KERNELS = host_dequant.KERNELS, {}
+        try:
+            load(dtype, kept)
+        finally:
+            host_dequant.KERNELS = kernels
+
+    rates = []
+    for dtype in (torch.float32, torch.bfloat16):
+        kept = WeightBlock(values * dtype.itemsize, "cpu")
+        for fn in (lambda: load(dtype, kept), lambda: load(dtype, None), lambda: torch_ops(dtype)):
+            rates.append(raw.nbytes / 1e6 / best_of(fn, repetitions))
+    return rates
