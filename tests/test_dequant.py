@@ -9,7 +9,7 @@ from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
 
 from pipeline.errors import UserError
-from pipeline.gguf_io import host_dequant
+from pipeline.gguf_io import dequant, host_dequant
 from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, Uploads, dequantize
 
 QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
@@ -39,9 +39,8 @@ def _fp16_offsets(qtype: Q) -> list[int]:
 
 @pytest.fixture(params=["compiled", "torch"])
 def path(request, monkeypatch):
-    """The host's compiled loops, or (with none) the torch dequantizers a GPU runs, on the CPU."""
-    if request.param == "torch":
-        monkeypatch.setattr(host_dequant, "KERNELS", {})
+    """The host's compiled loops, or the torch dequantizers a GPU runs, on the CPU."""
+    monkeypatch.setattr(dequant, "COMPILED_LOOPS", [request.param == "compiled"])
     return request.param
 
 
@@ -72,6 +71,7 @@ def test_a_type_without_a_torch_dequantizer_goes_through_gguf_py_piece_by_piece(
     """A type the torch table lacks (Q8_0 taken out here) is dequantized by gguf-py, one piece
     at a time, never copied whole, with gguf-py's values cast to the compute dtype."""
     monkeypatch.delitem(BLOCK_DEQUANTIZERS, Q.Q8_0)
+    monkeypatch.setattr(dequant, "COMPILED_LOOPS", [True])
     monkeypatch.delitem(host_dequant.KERNELS, Q.Q8_0)
     block, _ = GGML_QUANT_SIZES[Q.Q8_0]
     raw = random_blocks(Q.Q8_0, rows=6, row_blocks=5, seed=4)
@@ -140,7 +140,7 @@ def test_dequantizes_on_the_requested_device(device):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_piecewise_dequantization_in_the_compute_dtype(qtype, dtype, monkeypatch):
     """Pieces that end inside a row give gguf-py's float32 values, cast to the compute dtype."""
-    monkeypatch.setattr(host_dequant, "KERNELS", {})
+    monkeypatch.setattr(dequant, "COMPILED_LOOPS", [False])
     block, _ = GGML_QUANT_SIZES[qtype]
     monkeypatch.setattr("pipeline.gguf_io.dequant.PIECE_VALUES", 3 * block)  # rows are 5 blocks long
     raw = random_blocks(qtype, rows=7, row_blocks=5, seed=11)
@@ -222,9 +222,10 @@ def test_the_common_file_types_have_compiled_host_loops():
 
 
 @pytest.mark.parametrize("qtype", sorted(host_dequant.KERNELS))
-def test_compiled_loops_round_to_bfloat16_as_torch_does(qtype):
+def test_compiled_loops_round_to_bfloat16_as_torch_does(qtype, monkeypatch):
     """Into bfloat16: gguf-py's float32 values rounded as torch rounds them, ties to even, with
     every scale bit pattern (infinities and NaNs among them) and random quants."""
+    monkeypatch.setattr(dequant, "COMPILED_LOOPS", [True])
     block, type_size = GGML_QUANT_SIZES[qtype]
     raw = np.random.default_rng(int(qtype)).integers(0, 256, size=(4096, type_size), dtype=np.uint8)
     ours = dequantize(raw, qtype, dtype=torch.bfloat16)
@@ -233,3 +234,15 @@ def test_compiled_loops_round_to_bfloat16_as_torch_does(qtype):
     nan = ref.isnan()
     assert torch.equal(ours.isnan(), nan)
     assert torch.equal(ours[~nan].view(torch.int16), ref[~nan].view(torch.int16))
+
+
+@pytest.mark.parametrize("file_bytes, started", [(80 << 20, False), (dequant.COMPILED_LOOPS_FROM_BYTES, True)])
+def test_a_pass_starts_the_compiled_loops_where_they_pay_for_their_start(file_bytes, started, monkeypatch):
+    """A pass over a small model keeps the torch operations (numba's start would cost more than it
+    saves); from the threshold on, the loops start, and every later tensor takes them."""
+    monkeypatch.setattr(dequant, "COMPILED_LOOPS", [False])
+    taken = []
+    monkeypatch.setattr(host_dequant, "dequantize_into", lambda blocks, qtype, out: taken.append(qtype))
+    dequant.plan_host_load(file_bytes)
+    dequantize(random_blocks(Q.Q4_K, rows=2, row_blocks=1, seed=3), Q.Q4_K)
+    assert taken == ([Q.Q4_K] if started else [])

@@ -386,6 +386,19 @@ GPU_PIECE_VALUES = 1 << 22
 FILE_BYTES_READ = [0]   # bytes of the file dequantized by this process: what a task reads of its weights
 READ_WAIT_S = [0.0]     # seconds spent faulting those bytes in from the file, apart from dequantizing them
 
+# the compiled host loops cost a process about 0.8 s to start (importing numba, its threads, its
+# cached code): what the torch operations lose on about 250 MB of file bytes, so a pass over less
+# (SmolLM2's trunk is 80 MB) keeps the torch operations
+COMPILED_LOOPS_FROM_BYTES = 256 << 20
+COMPILED_LOOPS = [False]   # started in this process
+
+
+def plan_host_load(file_bytes: int) -> None:
+    """A pass is about to dequantize `file_bytes` of weights on the host: start the compiled
+    loops where they pay for their start (once started, every later tensor takes them)."""
+    if file_bytes >= COMPILED_LOOPS_FROM_BYTES:
+        COMPILED_LOOPS[0] = True
+
 
 def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", name: str = "",
                dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -402,16 +415,14 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     READ_WAIT_S[0] += time.perf_counter() - started
     if out is None:
         out = torch.empty(out_shape, dtype=dtype, device=device)
-    from . import host_dequant  # numba: imported when a process first dequantizes, not by the scheduler
-
     fn, where = BLOCK_DEQUANTIZERS.get(qtype), torch.device(device)
     if STORED_AS.get(qtype) == dtype:   # the bytes themselves, without a round trip through float32
         if where.type == "cpu":            # one copy, from the file's pages into `out`
             out.view(torch.uint8).numpy().reshape(raw.shape)[...] = raw
             return out
         fn = functools.partial(_as_stored, dtype=dtype)
-    elif where.type == "cpu" and host_dequant.handles(qtype, dtype):   # one compiled pass
-        host_dequant.dequantize_into(raw.reshape(-1, type_size), qtype, out)
+    elif where.type == "cpu" and COMPILED_LOOPS[0] and _compiled_loops().handles(qtype, dtype):   # one pass
+        _compiled_loops().dequantize_into(raw.reshape(-1, type_size), qtype, out)
         return out
     elif fn is None:
         fn, where = _with_gguf_py(qtype, name), torch.device("cpu")
@@ -421,6 +432,12 @@ def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", na
     for start, piece in Uploads(where).pieces(blocks, max(values // block, 1)):
         flat[start:start + piece.shape[0]] = fn(piece)
     return out
+
+
+def _compiled_loops():
+    from . import host_dequant  # numba, imported by the processes that start the loops only
+
+    return host_dequant
 
 
 def _as_stored(b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
