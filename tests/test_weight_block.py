@@ -1,6 +1,7 @@
 """A layer window's weights live in one block, which the next window of the same size takes
 over instead of allocating (and page-faulting) its own; no other task keeps it."""
 import json
+import mmap
 
 import torch
 
@@ -51,8 +52,12 @@ def test_the_next_window_of_that_size_takes_it_over_with_the_same_numbers(model_
     assert bigger.weights.data.numel() > block.data.numel()     # no room in the kept block: a new one
     bigger_block, expected = bigger.weights, bigger(hidden)
     bigger.release()
+    bigger_block.data.fill_(1)
     smaller = WindowExecutor(arch, 4, 6, "cpu", torch.float32)  # room in the kept one: taken over
-    assert smaller.weights is bigger_block and smaller.weights.used < bigger_block.data.numel()
+    assert smaller.weights is bigger_block
+    assert smaller.weights.used == smaller.weights.nbytes < bigger_block.data.numel()
+    past = -(-smaller.weights.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+    assert not bigger_block.data[past:].any()                    # the pages it no longer holds were given back
     assert torch.equal(WindowExecutor(arch, 6, 7, "cpu", torch.float32)(smaller(hidden)), expected)
     smaller.release()
     weight_block.drop_kept()

@@ -54,12 +54,14 @@ def block_bytes(gguf: GGUFIndex, i: int, dtype: torch.dtype, expert_slices: int 
 
 class WeightBlock:
     def __init__(self, nbytes: int, device):
+        self.mapping = None
         if torch.device(device).type == "cpu" and nbytes:
             # a mapping of its own, outside the C heap
-            self.data = torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8)  # [nbytes]
+            self.mapping = mmap.mmap(-1, nbytes)
+            self.data = torch.frombuffer(self.mapping, dtype=torch.uint8)  # [nbytes]
         else:
             self.data = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        self.used = 0
+        self.nbytes, self.used = nbytes, 0   # the bytes this window holds in it, of them taken
 
     @classmethod
     def for_layers(cls, gguf: GGUFIndex, first: int, last: int, dtype: torch.dtype, device,
@@ -71,14 +73,25 @@ class WeightBlock:
     @classmethod
     def reused(cls, nbytes: int, device) -> "WeightBlock":
         """The block the last window kept, where it has room for `nbytes` on this device (its
-        pages already faulted in: a hybrid's windows differ in size); else a new one."""
+        pages already faulted in: a hybrid's windows differ in size; the pages past `nbytes`
+        given back); else a new one."""
         global _kept
         block, _kept = _kept, None
-        if block is not None and block.data.numel() >= nbytes and block.data.device == torch.device(device):
-            block.used = 0
+        if block is not None and block.data.device == torch.device(device) and (
+                block.data.numel() == nbytes or (block.data.numel() > nbytes and hasattr(mmap, "MADV_REMOVE"))):
+            block.hold(nbytes)
             return block
         del block  # freed before the new one is allocated
         return cls(nbytes, device)
+
+    def hold(self, nbytes: int) -> None:
+        """From now on the block holds `nbytes`: the pages past them are freed (a smaller window
+        after a bigger one holds what its plan counted, no more), to be faulted in again, as
+        zeros, by a bigger window later."""
+        start = -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        if start < self.data.numel():
+            self.mapping.madvise(mmap.MADV_REMOVE, start, self.data.numel() - start)
+        self.nbytes, self.used = nbytes, 0
 
     def keep(self) -> None:
         """Leave the block, whose tensors are no longer used, to the next window (on the CPU;
@@ -91,7 +104,7 @@ class WeightBlock:
         """An uninitialised tensor inside the block; None when it has no room left (a tensor
         read in another dtype than the block was sized for)."""
         n = math.prod(shape) * dtype.itemsize
-        if self.used + n > self.data.numel():
+        if self.used + n > self.nbytes:
             return None
         view = self.data[self.used:self.used + n].view(dtype).view(shape)
         self.used += _aligned(n)
