@@ -44,6 +44,20 @@ def test_blockwise_kernel_equals_reference(kernel, T, with_state):
     torch.testing.assert_close(final, state_ref, **TOL)
 
 
+def test_ssd_groups_share_b_and_c_among_consecutive_heads():
+    # 6 heads in 2 groups: heads 0-2 read group 0's B and C, heads 3-5 group 1's
+    x, dt, A, B, C = ssd_inputs(T=150, h=6)
+    Bg, Cg = B[:, :, :2], C[:, :, 2:4]                                        # [b, T, 2, n]
+    expanded = [m.repeat_interleave(3, dim=2) for m in (Bg, Cg)]
+    out, final = ssd_blockwise(x, dt, A, Bg, Cg)
+    out_ref, state_ref = ssd_reference(x, dt, A, *expanded)
+    torch.testing.assert_close(out, out_ref, **TOL)
+    torch.testing.assert_close(final, state_ref, **TOL)
+    per_head = [ssd_reference(x[:, :, i:i + 1], dt[:, :, i:i + 1], A[i:i + 1], Bg[:, :, i // 3:i // 3 + 1],
+                              Cg[:, :, i // 3:i // 3 + 1])[0] for i in range(6)]
+    torch.testing.assert_close(out, torch.cat(per_head, dim=2), **TOL)
+
+
 def test_scans_continue_from_a_handed_over_state():
     x, dt, A, B, C = ssd_inputs(T=150)
     whole, _ = ssd_blockwise(x, dt, A, B, C)

@@ -15,6 +15,7 @@ from .ssm import Mamba2
 
 
 class NemotronH(DecoderArch):
+    numerics = 2            # 2: Mamba2's scan as group GEMMs (ssm.ssd_blockwise), rounding otherwise
     activation = staticmethod(relu2)
     expert_gating = "sigmoid"
     honours = frozenset({Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE})

@@ -29,9 +29,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 def ssd_reference(x, dt, A, B, C, state=None):
     """Step-by-step selective scan, h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t^T, y_t = h_t C_t.
 
-    x [b, T, h, p], dt [b, T, h] (after softplus), A [h], B and C [b, T, h, n] (groups already
-    expanded to heads), state [b, h, p, n] -> y [b, T, h, p], final state."""
+    x [b, T, h, p], dt [b, T, h] (after softplus), A [h], B and C [b, T, g, n] (g groups, each
+    shared by h/g consecutive heads), state [b, h, p, n] -> y [b, T, h, p], final state."""
     b, T, h, p = x.shape
+    B, C = (m.repeat_interleave(h // m.shape[2], dim=2) for m in (B, C))      # [b, T, h, n]
     s = x.new_zeros(b, h, p, B.shape[-1]) if state is None else state
     ys = []
     for t in range(T):
@@ -52,30 +53,44 @@ def _segsum(a: torch.Tensor) -> torch.Tensor:
 
 def ssd_blockwise(x, dt, A, B, C, state=None, block: int = SCAN_BLOCK):
     """The same scan in blocks of `block` tokens: quadratic inside a block, a state passed
-    between blocks (Mamba2's SSD algorithm). Shapes as `ssd_reference`."""
+    between blocks (Mamba2's SSD algorithm). Shapes as `ssd_reference`; below, c blocks of
+    l = `block` positions.
+
+    Every product is a batched GEMM over (sequence, block, group): the heads of a group share
+    its B and C, so C B^T is formed once per group and the heads' values sit side by side in
+    the GEMMs that meet B or C."""
     b, T, h, p = x.shape
-    n = B.shape[-1]
+    g, n = B.shape[-2:]
+    r = h // g                                                                 # heads per group
     pad = (-T) % block
     if pad:  # zero steps: dt = 0 leaves the state untouched and adds nothing
         x, dt, B, C = (F.pad(t, (0,) * (2 * (t.dim() - 2)) + (0, pad)) for t in (x, dt, B, C))
     c = x.shape[1] // block
-    X = (x * dt[..., None]).view(b, c, block, h, p)
-    Bc, Cc = B.view(b, c, block, h, n), C.view(b, c, block, h, n)
-    a = (dt * A).view(b, c, block, h).permute(0, 3, 1, 2)                      # [b, h, c, l]
-    a_cum = torch.cumsum(a, dim=-1)
-    # within each block
-    L = torch.exp(_segsum(a))                                                  # [b, h, c, l, l]
-    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Cc, Bc, L, X)
-    # state each block leaves behind, then carried across blocks
-    decay_to_end = torch.exp(a_cum[..., -1:] - a_cum)                         # [b, h, c, l]
-    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, decay_to_end, X)     # [b, c, h, p, n]
-    init = x.new_zeros(b, 1, h, p, n) if state is None else state[:, None]
-    states = torch.cat([init, states], dim=1)                                 # [b, c+1, h, p, n]
-    block_decay = torch.exp(_segsum(F.pad(a_cum[..., -1], (1, 0))))           # [b, h, c+1, c+1]
-    states = torch.einsum("bhzc,bchpn->bzhpn", block_decay, states)
-    # what the incoming state adds to each position of its block
-    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, states[:, :-1], torch.exp(a_cum))
-    return y.reshape(b, c * block, h, p)[:, :T], states[:, -1]
+    X = x * dt[..., None]                                                      # [b, c*l, h, p]
+    a = (dt * A).view(b, c, block, h).transpose(2, 3).contiguous()             # [b, c, h, l]
+    a_cum = torch.cumsum(a, dim=-1)                                            # [b, c, h, l]
+    Bg, Cg = (m.reshape(b, c, block, g, n).transpose(2, 3) for m in (B, C))    # [b, c, g, l, n]
+    # within each block: y_i = sum_{j <= i} (C_i . B_j) exp(a_{j+1} + ... + a_i) X_j
+    decay = torch.exp(_segsum(a)).view(b, c, g, r, block, block)               # [b, c, g, r, l, l]
+    scores = (Cg @ Bg.transpose(-1, -2)).unsqueeze(3) * decay                  # [b, c, g, r, l, l]
+    Xh = X.view(b, c, block, g, r, p).permute(0, 1, 3, 4, 2, 5)                # [b, c, g, r, l, p]
+    y = scores @ Xh                                                            # [b, c, g, r, l, p]
+    # the state each block leaves behind: sum_j exp(a_{j+1} + ... + a_end) X_j B_j^T
+    to_end = torch.exp(a_cum[..., -1:] - a_cum).view(b, c, g, r, block, 1)     # [b, c, g, r, l, 1]
+    Xg = (Xh * to_end).permute(0, 1, 2, 3, 5, 4).reshape(b, c, g, r * p, block)  # [b, c, g, r*p, l]
+    left = (Xg @ Bg).view(b, c, h, p, n)                                       # [b, c, h, p, n]
+    # carried across blocks: the state entering each block, and the one after the last
+    block_decay = torch.exp(a_cum[..., -1])[..., None, None]                   # [b, c, h, 1, 1]
+    entering = torch.empty_like(left)                                          # [b, c, h, p, n]
+    entering[:, 0] = 0 if state is None else state
+    for k in range(c - 1):
+        torch.addcmul(left[:, k], entering[:, k], block_decay[:, k], out=entering[:, k + 1])
+    final = torch.addcmul(left[:, -1], entering[:, -1], block_decay[:, -1])    # [b, h, p, n]
+    # what the entering state adds at each position of its block: exp(a_1 + ... + a_i) C_i S
+    from_state = Cg @ entering.view(b, c, g, r * p, n).transpose(-1, -2)       # [b, c, g, l, r*p]
+    from_state = from_state.view(b, c, g, block, r, p).transpose(3, 4)         # [b, c, g, r, l, p]
+    y = y + from_state * torch.exp(a_cum).view(b, c, g, r, block, 1)
+    return y.view(b, c, h, block, p).transpose(2, 3).reshape(b, c * block, h, p)[:, :T], final
 
 
 class Mamba2(Weights):
@@ -99,7 +114,7 @@ class Mamba2(Weights):
         xbc = wide(F.silu(xbc))
         xs, Bm, Cm = xbc.split([d, g * n, g * n], dim=-1)
         xs = xs.view(Bsz, T, h, d // h)
-        Bm, Cm = (m.view(Bsz, T, g, n).repeat_interleave(h // g, dim=2) for m in (Bm, Cm))  # [B, T, h, n]
+        Bm, Cm = (m.view(Bsz, T, g, n) for m in (Bm, Cm))                   # [B, T, g, n]
         dt = F.softplus(wide(dt) + wide(w["dt_bias"]))                       # [B, T, h]
         y, ssm_state = ssd_blockwise(xs, dt, wide(w["A"]).view(h), Bm, Cm, (state or {}).get("ssm"))
         y = y + xs * wide(w["D"]).view(h, 1)
