@@ -68,7 +68,7 @@ def test_no_block_is_kept_past_the_last_window_and_each_window_reads_the_next_ah
     ahead of the dequantization) and, once loaded, for the next window's (the last one for the
     LM head's) while it computes; its manifest says how long it waited on the file."""
     asked = []
-    monkeypatch.setattr(GGUFIndex, "read_ahead", lambda self, names: asked.append(sorted(names)))
+    monkeypatch.setattr(GGUFIndex, "read_ahead", lambda self, names, limit: asked.append(sorted(names)))
     run_pipeline(tmp_path, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=2, window_layers=10)
     assert weight_block._kept is None                   # the Score task let it go
     gguf = GGUFIndex(fetch_model("smollm2-135m"))

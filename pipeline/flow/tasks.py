@@ -451,8 +451,8 @@ class LayerWindow(PlacedTask):
         loaded = []
 
         def load():
-            # this window's pages asked for at once: the disk reads ahead of the dequantization
-            self.spec().gguf.read_ahead(self.layer_tensor_names(self.first, self.last))
+            # this window's pages read at once: the disk reads ahead of the dequantization
+            self.read_ahead(self.layer_tensor_names(self.first, self.last))
             loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
             self.read_ahead_next()
             return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
@@ -473,17 +473,28 @@ class LayerWindow(PlacedTask):
                     weight_file_bytes_read=FILE_BYTES_READ[0] - read_before,
                     weight_read_wait_s=round(READ_WAIT_S[0] - wait_before, 3), **peaks, **stats)
 
+    def read_ahead(self, names: list[str]) -> None:
+        """These tensors' file pages read into the page cache in the background, at most half
+        the host memory available now, so pages read ahead never push out those in use. A
+        file bigger than that cannot stay in the page cache: each tensor's pages are dropped
+        from it once used, so they never crowd out those read ahead."""
+        from ..run.preflight import available_bytes
+
+        gguf, room = self.spec().gguf, available_bytes("cpu") // 2
+        gguf.forget_used = gguf.n_bytes > room
+        gguf.read_ahead(names, room)
+
     def read_ahead_next(self) -> None:
-        """While this window computes, the kernel reads the file pages of the next window (or,
-        after the last one, of the LM head) into the page cache, so a cold pass waits on the
-        disk for the first window only."""
+        """While this window computes, the file pages of the next window (or, after the last
+        one, of the LM head) are read into the page cache, so a cold pass waits on the disk for
+        the first window only."""
         gguf = self.spec().gguf
         after = [w for w in self.windows() if w.first == self.last]
         if after:
             names = self.layer_tensor_names(after[0].first, after[0].last)
         else:
             names = ["output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"]
-        gguf.read_ahead(names)
+        self.read_ahead(names)
 
     def layer_tensor_names(self, first: int, last: int) -> list[str]:
         gguf = self.spec().gguf

@@ -23,6 +23,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
 
 from ..errors import UserError
+from .page_reader import PAGE_READER
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
 DEFAULT_ALIGNMENT = 32
@@ -170,6 +171,7 @@ class GGUFIndex:
         self.path, self.parts = first.path, [f.path for f in files]
         self.version, self.metadata, self.spans, self._map = first.version, first.metadata, first.spans, first.map
         self._maps = [f.map for f in files]
+        self.forget_used = False   # a tensor's pages dropped from the page cache once it is dequantized
         self.tensors: dict[str, TensorInfo] = {}
         for part, f in enumerate(files):
             for name, info in f.tensors.items():
@@ -225,21 +227,26 @@ class GGUFIndex:
 
     def release_pages(self, name: str) -> None:
         """Drop the pages of tensor `name` from this process's resident set once it has been
-        dequantized (they stay in the page cache): RSS then holds the tensor being read, not
-        every tensor of the window or the file."""
-        self._advise(name, "MADV_DONTNEED")
+        dequantized: RSS then holds the tensor being read, not every tensor of the window or
+        the file. They stay in the page cache unless `forget_used` is set."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        info = self.tensors[name]
+        start = info.offset - info.offset % mmap.PAGESIZE
+        self._maps[info.part].madvise(mmap.MADV_DONTNEED, start, info.offset + info.n_bytes - start)
+        if self.forget_used:
+            PAGE_READER.forget(self.parts[info.part], start, info.offset + info.n_bytes)
 
-    def read_ahead(self, names) -> None:
-        """Ask the kernel to read these tensors' pages into the page cache in the background
-        (MADV_WILLNEED): the next window's bytes come off the disk while this one computes."""
+    def read_ahead(self, names, limit: int) -> None:
+        """Read these tensors' pages into the page cache in the background (at most `limit`
+        bytes of them, the first in file order; page_reader.py): a window's bytes come off the
+        disk ahead of its dequantization, the next window's while this one computes."""
+        ranges: dict[int, list[tuple[int, int]]] = {}
         for name in names:
-            self._advise(name, "MADV_WILLNEED")
-
-    def _advise(self, name: str, advice: str) -> None:
-        if hasattr(mmap, advice):
             info = self.tensors[name]
-            start = info.offset - info.offset % mmap.PAGESIZE
-            self._maps[info.part].madvise(getattr(mmap, advice), start, info.offset + info.n_bytes - start)
+            ranges.setdefault(info.part, []).append((info.offset, info.offset + info.n_bytes))
+        for part, spans in sorted(ranges.items()):
+            limit -= PAGE_READER.read(self.parts[part], spans, limit)
 
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""
