@@ -269,6 +269,37 @@ SPECS = {
         conv_kernel=4, time_step_min=1e-12, layer_norm_epsilon=1e-5, n_routed_experts=4, num_experts_per_tok=2,
         moe_intermediate_size=32, moe_shared_expert_intermediate_size=32, n_group=1, topk_group=1,
         norm_topk_prob=True, routed_scaling_factor=1.5)),
+    # Qwen2-MoE: softmax top-2 of 4 experts, weights not renormalised, beside a shared expert
+    # under a sigmoid gate; QKV biases
+    "qwen2moe": Spec("Qwen2MoeConfig", _common(intermediate_size=96, num_hidden_layers=3, num_experts=4,
+                                               num_experts_per_tok=2, moe_intermediate_size=32,
+                                               shared_expert_intermediate_size=48, decoder_sparse_step=1,
+                                               mlp_only_layers=[], norm_topk_prob=False, qkv_bias=True)),
+    # GLM-4: pre- and post-norms, QKV bias, half of each head rotated, gate and up in one tensor
+    "glm4": Spec("Glm4Config", _common(intermediate_size=96, num_hidden_layers=3, attention_bias=True,
+                                       rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5,
+                                                            rope_type="default")),
+                 special_tokens=("[gMASK]", "<|user|>", "<|observation|>")),
+    # EXAONE 4.0: norms after the blocks, per-head QK-norm; below 64 layers llama.cpp slides nowhere
+    "exaone4": Spec("Exaone4Config", _common(intermediate_size=96, num_hidden_layers=3, sliding_window=None,
+                                             layer_types=["full_attention"] * 3)),
+    # the 32B's shape (64 layers): a window of 32 on three layers of four, global layers without RoPE
+    "exaone4_32b": Spec("Exaone4Config", _common(intermediate_size=32, num_hidden_layers=64, sliding_window=32,
+                                                 sliding_window_pattern=4)),
+    # SmolLM3: layer 3 of 4 without RoPE (a low RoPE base, so that rotating it or not shows)
+    "smollm3": Spec("SmolLM3Config", _common(intermediate_size=96, num_hidden_layers=4, no_rope_layer_interval=4,
+                                             rope_parameters=dict(rope_type="default", rope_theta=1000.0))),
+    # OLMo 2: norms after attention and the FFN only, QK-norm over all heads; QKV bias off as published
+    "olmo2": Spec("Olmo2Config", _common(intermediate_size=96, num_hidden_layers=3)),
+    # Olmo 3: a window of 32 on three layers of four (the tests score 150 positions), YaRN on the
+    # global layer only; one RoPE base for both kinds, as llama.cpp's graph reads one
+    "olmo3": Spec("Olmo3Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
+                                         layer_types=["sliding_attention"] * 3 + ["full_attention"],
+                                         rope_parameters={"full_attention": dict(YARN), "sliding_attention": dict(
+                                             rope_type="default", rope_theta=YARN["rope_theta"])})),
+    # Seed-OSS: QKV biases, no output bias (as published), the FFN's pre-norm named post-attention
+    "seed_oss": Spec("SeedOssConfig", _common(intermediate_size=96, num_hidden_layers=3, attention_bias=True,
+                                              attention_out_bias=False)),
 }
 
 

@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from pipeline.model.arch.base import Tables
 from pipeline.model.arch.blocks import Attention, AttentionSpec
 from pipeline.model.arch.gpt_oss import SinkAttention
+from pipeline.model.arch.modules import Tables
 
 B, H, KV, T = 2, 4, 2, 96
 FORMS = {   # name: (attention class, spec fields, key dim, value dim)

@@ -32,6 +32,37 @@ def test_sliced_experts_give_the_held_layer_bit_for_bit(tiny_model, name):
     assert torch.equal(hidden_after(path, 3, torch.bfloat16), hidden_after(path, 1, torch.bfloat16))
 
 
+@pytest.mark.parametrize("name", ["qwen3moe", "nemotron_h_moe", "deepseek2", "gpt-oss"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_layer_staged_then_finished_gives_the_held_layer(tiny_model, name, dtype):
+    """The three steps a sliced pass takes over each chunk, staging (the layer's forward up to its
+    routing), each slice's experts added into the accumulator, and the finish (the forward run
+    again, the staged outputs of the blocks before the MoE given back), give the held layer's
+    output bit for bit: after attention (qwen3moe), with nothing before the MoE in its layer
+    (nemotron_h_moe), after latent attention (deepseek2), after attention with sinks (gpt-oss)."""
+    from pipeline.model.sliced import SlicedLayer
+
+    from .helpers import random_ids
+
+    _, path = tiny_model(name)
+    arch = load_architecture(GGUFIndex(path))
+    i = next(s.index for s in arch.specs if s.ffn == "moe")
+    x = arch.embed(random_ids(2, 40, seed=5) % arch.hp.vocab, "cpu", torch.float32)   # [2, 40, hidden]
+    if i:                                                                          # the layer's input
+        x = WindowExecutor(arch, 0, i, "cpu", torch.float32)(x)
+    held = WindowExecutor(arch, i, i + 1, "cpu", dtype)(x)
+    layer = SlicedLayer(arch, i, "cpu", dtype, 2)
+    staged = layer.stage(x)
+    before = sum(1 for _ in layer.kept)
+    assert staged.shape == (2, 40, arch.hp.hidden * (1 + before) + 2 * layer.k)
+    acc = torch.zeros_like(x)
+    for a in layer.moe.experts.firsts:
+        layer.load_slice(a)
+        acc = layer.add_slice(staged, acc)
+    assert torch.equal(layer.finish(x, staged, acc), held)
+    assert before == (0 if name == "nemotron_h_moe" else 1)
+
+
 def test_a_sliced_window_holds_one_slice(tiny_model):
     """The window's weight block holds the layer's other tensors and one slice of its experts."""
     _, path = tiny_model("qwen3moe")
@@ -121,4 +152,4 @@ def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slic
             assert manifest["chunks_computed"] == 4 and file_bytes / 2 < manifest["weight_file_bytes_read"] < file_bytes
         else:
             assert manifest["weight_file_bytes_read"] == file_bytes
-        assert not list(window.glob("experts-*")) and not (window / "stage.zarr").exists()
+        assert not list(window.glob("experts-*")) and not (window / "staged.zarr").exists()

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import load_architecture
-from pipeline.model.arch.base import Tables
 from pipeline.model.arch.blocks import Attention, AttentionSpec, module_bytes
+from pipeline.model.arch.modules import Tables
 
 
 def test_gemma3_layers_say_which_attend_locally(model_path):

@@ -9,6 +9,7 @@ import torch
 
 from pipeline.errors import UserError
 from pipeline.model.arch import load_architecture
+from pipeline.model.arch.family import KERNEL_WORKSPACE_BYTES
 from pipeline.run import preflight
 from pipeline.run.placement import Window
 
@@ -104,7 +105,7 @@ def test_attention_sinks_count_three_score_tensors(tiny_model):
     from pipeline.gguf_io.reader import GGUFIndex
 
     gguf = GGUFIndex(tiny_model("gpt-oss")[1])                     # sliding window 32
-    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, 4) - preflight.KERNEL_WORKSPACE_BYTES   # noqa: E731
+    act = lambda ctx: preflight.activation_bytes(gguf, 4, ctx, 4) - KERNEL_WORKSPACE_BYTES   # noqa: E731
     assert act(32) - 2 * act(16) == 2 * 3 * 4 * 4 * 4 * 16 * 16     # = (4 - 2) x 3 scores(16)
 
 

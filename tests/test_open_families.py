@@ -9,9 +9,12 @@ Measured max |logits - transformers'|: deepseek2 3.7e-5, its lite variant 2.6e-5
 mistral3 1.2e-4 (spread evenly over the positions, before and after the temperature starts),
 qwen3vl 2.5e-5 and qwen3vlmoe 3.5e-5 (against transformers with the pairs llama.cpp leaves
 unrotated unrotated there too: hf_models.unrotate_fourth_axis), gpt-oss 1.6e-4, minimax-m2 1.1e-5, llama4 2.5e-5,
-ernie4_5-moe 1.2e-4 (one position; the others within 4e-5)."""
+ernie4_5-moe 1.2e-4 (one position; the others within 4e-5), smollm3 1.1e-4, olmo2 1.4e-5,
+olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and its 64-layer
+(32B-shaped) file 2.0e-5."""
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,7 +25,7 @@ from gguf import GGUFReader, Keys
 
 from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
-from pipeline.model.arch import deepseek2, ffn, gpt_oss, llama4, load_architecture
+from pipeline.model.arch import deepseek2, exaone4, ffn, gpt_oss, llama4, load_architecture, modules, qwen2, smollm3
 
 from .helpers import forward, random_ids
 from .test_architectures import dequantized_twin, random_experts
@@ -42,7 +45,7 @@ def key(template: str, arch: str = "deepseek2") -> str:
     return template.format(arch=arch)
 
 
-def zeroed(suffix: str):
+def zeroed(suffix: str | tuple[str, ...]):
     return lambda n, q, d: (np.zeros_like(d), q) if n.endswith(suffix) else (d, q)
 
 
@@ -78,6 +81,11 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "ernie4_5-moe selection bias": ("ernie4_5-moe", None, zeroed("exp_probs_b.bias")),
     "ernie4_5-moe shared experts": ("ernie4_5-moe", {key(Keys.LLM.EXPERT_SHARED_COUNT, "ernie4_5-moe"): None},
                                     lambda n, q, d: None if "shexp" in n else (d, q)),
+    "glm4 partial RoPE": ("glm4", {key(Keys.Rope.DIMENSION_COUNT, "glm4"): 16}, None),
+    "exaone4_32b sliding window": ("exaone4_32b", {key(Keys.Attention.SLIDING_WINDOW, "exaone4"): 1024}, None),
+    "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
+    "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
+    "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
 }
 
 
@@ -98,6 +106,12 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "llama4 NoPE layers": ("llama4", llama4.Llama4, "uses_rope", lambda self, i: True),
     "llama4 QK L2-norm": ("llama4", llama4, "MAVERICK_EXPERTS", 4),
     "llama4 weight before the expert": ("llama4", llama4.Llama4, "weight_before_experts", False),
+    "qwen2moe weights not renormalised": ("qwen2moe", qwen2.Qwen2Moe, "normalizes_expert_weights", lambda self: True),
+    "exaone4_32b NoPE global layers": ("exaone4_32b", exaone4.Exaone4, "attention_spec",
+                                       lambda self, i: replace(exaone4.DecoderArch.attention_spec(self, i),
+                                                               span=None if not self.is_sliding(i) else 32)),
+    "smollm3 NoPE layers": ("smollm3", smollm3, "NOPE_PERIOD", 10 ** 6),
+    "olmo2 norms after the blocks": ("olmo2", modules.PostNormLayer, "norm", lambda self, x, weight: x),
 }
 
 
@@ -197,6 +211,8 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
      "missing metadata key minimax-m2.expert_gating_func"),
     ("gpt-oss", None, dropped("blk.1.attn_sinks.weight"), "missing tensor blk.1.attn_sinks.weight"),
     ("gpt-oss", {key(Keys.LLM.EXPERT_GATING_FUNC, "gpt-oss"): 1}, None, "expert_gating_func = 1 changes"),
+    # llama.cpp never renormalises qwen2moe's top-k weights
+    ("qwen2moe", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "qwen2moe"): True}, None, "expert_weights_norm = True changes"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)
@@ -205,3 +221,23 @@ def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, m
         arch = load_architecture(GGUFIndex(bad))
         for i in range(arch.hp.n_layers):
             arch.load_layer(i, "cpu", torch.float32)
+
+
+def test_exaone4_slides_and_drops_rope_at_the_32b_size_only(tiny_model):
+    """llama.cpp gives EXAONE 4.0's 64-layer size (the 32B) a sliding window on three layers of
+    four and no RoPE on the fourth; transformers computes the same for this config, so the
+    64-layer fixture's logits meet transformers' as every family's do."""
+    model, path = tiny_model("exaone4_32b")
+    arch = load_architecture(GGUFIndex(path))
+    assert [s.attention.span for s in arch.specs[:4]] == [32, 32, 32, None]
+    assert [s.attention.rope is None for s in arch.specs[:8]] == [False, False, False, True] * 2
+    small = load_architecture(GGUFIndex(tiny_model("exaone4")[1]))
+    assert all(s.attention.span is None and s.attention.rope is not None for s in small.specs)
+    ids = random_ids()
+    ours = forward(path, ids)
+    with torch.inference_mode():
+        ref = model(ids).logits
+    assert (ours - ref).abs().max().item() < 2e-4                    # measured 2.0e-5
+    rounded = forward(path, ids, torch.bfloat16)
+    nlls = [F.cross_entropy(x[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item() for x in (ours, rounded)]
+    assert abs(nlls[1] - nlls[0]) <= 0.011                           # measured 0.0051

@@ -2,7 +2,7 @@
 import torch
 
 from pipeline.model import scoring
-from pipeline.model.arch.base import Head
+from pipeline.model.arch.modules import Head
 from pipeline.model.kld import token_stats
 
 
@@ -57,7 +57,7 @@ def test_a_bfloat16_head_gives_float32_logits(monkeypatch):
     head.weight = head.weight.bfloat16() * 8                        # logits up to about 30
     rows = torch.randn(20, 64, generator=torch.Generator().manual_seed(6)) * 3
     exact = torch.nn.functional.linear(rms_norm_reference(rows, head), head.weight.double())   # float64
-    monkeypatch.setattr("pipeline.model.arch.base.WIDENED_SLICE_BYTES", 4 * 64 * 100)
+    monkeypatch.setattr("pipeline.model.arch.modules.WIDENED_SLICE_BYTES", 4 * 64 * 100)
     slices = list(head.logit_slices(rows.bfloat16(), 512))
     assert [s for s, _ in slices] == list(range(0, 1000, 100))      # narrowed from 512 to 100
     ours = torch.cat([z for _, z in slices], dim=-1)

@@ -26,7 +26,7 @@ def test_every_weight_of_a_window_is_in_its_block(model_path):
     window = WindowExecutor(arch, 0, 2, "cpu", torch.float32)
     block = window.weights
     assert block.used == block.data.numel() >= window.weight_bytes  # room for each tensor, all taken
-    norm = window.layers[0].steps[0].norm
+    norm = window.layers[0].attn_norm
     start = block.data.data_ptr()
     assert start <= norm.data_ptr() < start + block.data.numel()
     window.release()
@@ -98,8 +98,8 @@ def test_norm_weights_keep_their_float32_bits_in_bfloat16(model_path):
     gguf = GGUFIndex(model_path("gemma3-270m"))
     arch = load_architecture(gguf)
     layer = arch.load_layer(0, "cpu", torch.bfloat16)
-    norm = layer.steps[0].norm
+    norm = layer.attn_norm
     exact = dequantize(gguf.raw("blk.0.attn_norm.weight"), gguf.tensors["blk.0.attn_norm.weight"].qtype)
     assert norm.dtype == torch.float32 and torch.equal(norm, exact)
     assert not torch.equal(exact.to(torch.bfloat16).float(), exact)   # the test would see the rounding
-    assert layer.steps[0].op.w["q"].dtype == torch.bfloat16           # the matrices stay in the compute dtype
+    assert layer.attention.w["q"].dtype == torch.bfloat16        # the matrices stay in the compute dtype

@@ -503,7 +503,7 @@ class LayerWindow(PlacedTask):
     def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
         """The one layer of this window with its routed experts in slices (model/sliced.py),
         slices outside and chunks inside: the layer up to its MoE and the routing over every
-        chunk (stage.zarr), then each slice of experts over every chunk, added into a float32
+        chunk (staged.zarr), then each slice of experts over every chunk, added into a float32
         accumulator (experts-J.zarr; a slice's `.done` mark written once it is whole, the
         accumulator before it then removed), then the rest of the layer into the boundary.
         Every array resumes chunk by chunk; each slice's experts are read once per pass."""
@@ -521,11 +521,10 @@ class LayerWindow(PlacedTask):
 
         gguf = self.spec().gguf
         n, ctx, H = source.array.shape
-        k = load_architecture(gguf).routing(self.first).n_used
         as_tensor = lambda chunks: [torch.from_numpy(c) for c in chunks]  # noqa: E731
-        self.fill(work / "stage.zarr", (n, ctx, 2 * H + 2 * k), "float32", source.read_chunk,
+        self.fill(work / "staged.zarr", (n, ctx, layer().width), "float32", source.read_chunk,
                   lambda: lambda i, x: layer().stage(torch.from_numpy(x)).numpy(), finite=False, part="attention")
-        staged = ChunkedArray.open(work / "stage.zarr")
+        staged = ChunkedArray.open(work / "staged.zarr")
         firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
         before = None                                   # the accumulator of the slices so far
         for j, a in enumerate(firsts):
@@ -547,10 +546,10 @@ class LayerWindow(PlacedTask):
             before = acc
         summed = ChunkedArray.open(before)
         stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype,
-                          lambda i: (staged.read_chunk(i), summed.read_chunk(i)),
+                          lambda i: (source.read_chunk(i), staged.read_chunk(i), summed.read_chunk(i)),
                           lambda: lambda i, chunks: layer().finish(*as_tensor(chunks)).numpy(),
                           write_behind=device.startswith("cuda"))
-        outputs.remove_tree(work / "stage.zarr")
+        outputs.remove_tree(work / "staged.zarr")
         outputs.remove_tree(before)
         for j in range(len(firsts)):
             (work / f"experts-{j}.done").unlink(missing_ok=True)

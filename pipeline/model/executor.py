@@ -9,7 +9,8 @@ which on the CPU a released window leaves to the next.
 import torch
 
 from ..gguf_io.dequant import plan_host_load
-from .arch.base import DecoderArch, Tables
+from .arch.family import DecoderArch
+from .arch.modules import Tables
 from .weight_block import WeightBlock
 
 
@@ -22,7 +23,7 @@ class WindowExecutor:
         if self.device.type == "cpu":   # a pass's windows, one after another, in this process
             plan_host_load(sum(t.n_bytes for i in range(arch.hp.n_layers) for t in arch.gguf.layer_tensors(i)))
         # > 1: each MoE layer's routed experts are read in this many slices while it runs
-        self.weights = WeightBlock.for_layers(arch.gguf, first, last, dtype, self.device, expert_slices)
+        self.weights = WeightBlock.for_layers(arch, first, last, dtype, self.device, expert_slices)
         self.layers = [arch.load_layer(i, self.device, dtype, self.weights, expert_slices) for i in range(first, last)]
         self.weight_bytes = sum(layer.nbytes for layer in self.layers)
         self._tables: dict[int, Tables] = {}

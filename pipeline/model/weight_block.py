@@ -13,42 +13,31 @@ import mmap
 
 import torch
 
-from ..gguf_io.reader import GGUFIndex
-
 ALIGN = 64  # bytes: every tensor starts on a cache line
-# held in float32 (or wider) whatever the compute dtype: norm weights (Gemma's stored 1 + w too),
-# routers (with their biases) and selection biases, attention sinks, the recurrent layers' A, D
-# and dt bias; what reads them computes in float32, so rounding them to 16 bits first would lose
-# bits that are never recovered
-WIDE = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias", "attn_sinks.weight",
-        ".ssm_a", ".ssm_d", "ssm_dt.bias")
 
 
-def held_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype a window holds tensor `name` in when it computes in `dtype`."""
-    return torch.promote_types(dtype, torch.float32) if name.endswith(WIDE) else dtype
-
-
-def tensor_bytes(info, dtype: torch.dtype) -> int:
-    """Bytes of a GGUF tensor (a TensorInfo) dequantized for compute in `dtype`."""
-    return math.prod(info.shape) * held_dtype(info.name, dtype).itemsize
+def tensor_bytes(arch, info, dtype: torch.dtype) -> int:
+    """Bytes of a GGUF tensor (a TensorInfo) dequantized for compute in `dtype`, in the dtype the
+    family `arch` holds it in."""
+    return math.prod(info.shape) * arch.held_dtype(info.name, dtype).itemsize
 
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def block_bytes(gguf: GGUFIndex, i: int, dtype: torch.dtype, expert_slices: int = 1) -> int:
+def block_bytes(arch, i: int, dtype: torch.dtype, expert_slices: int = 1) -> int:
     """What block `i` takes of a window's weight block: each tensor, cache-line aligned; with
     `expert_slices` > 1 its routed experts (where it has any) count as one slice's scratch."""
     from .arch.experts import expert_tensor_names
 
+    gguf = arch.gguf
     sliced = set(expert_tensor_names(gguf, i).values()) if expert_slices > 1 else set()
-    held = sum(_aligned(tensor_bytes(t, dtype)) for t in gguf.layer_tensors(i) if t.name not in sliced)
+    held = sum(_aligned(tensor_bytes(arch, t, dtype)) for t in gguf.layer_tensors(i) if t.name not in sliced)
     if not sliced:
         return held
     per = -(-gguf.tensors[next(iter(sliced))].shape[0] // expert_slices)
-    return held + sum(_aligned(per * math.prod(gguf.tensors[n].shape[1:]) * held_dtype(n, dtype).itemsize)
+    return held + sum(_aligned(per * math.prod(gguf.tensors[n].shape[1:]) * arch.held_dtype(n, dtype).itemsize)
                       for n in sliced)
 
 
@@ -64,11 +53,12 @@ class WeightBlock:
         self.nbytes, self.used = nbytes, 0   # the bytes this window holds in it, of them taken
 
     @classmethod
-    def for_layers(cls, gguf: GGUFIndex, first: int, last: int, dtype: torch.dtype, device,
+    def for_layers(cls, arch, first: int, last: int, dtype: torch.dtype, device,
                    expert_slices: int = 1) -> "WeightBlock":
-        """Room for every tensor of blocks [first, last) dequantized for compute in `dtype`; with
-        `expert_slices` > 1, for one slice of each layer's routed experts instead of all of them."""
-        return cls.reused(sum(block_bytes(gguf, i, dtype, expert_slices) for i in range(first, last)), device)
+        """Room for every tensor of blocks [first, last) of the family `arch`, dequantized for
+        compute in `dtype`; with `expert_slices` > 1, for one slice of each layer's routed experts
+        instead of all of them."""
+        return cls.reused(sum(block_bytes(arch, i, dtype, expert_slices) for i in range(first, last)), device)
 
     @classmethod
     def reused(cls, nbytes: int, device) -> "WeightBlock":

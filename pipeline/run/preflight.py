@@ -17,7 +17,6 @@ from .placement import window_bytes
 
 GiB = 2 ** 30
 RUNTIME_BYTES = 512 * 2 ** 20   # the interpreter, torch and the Zarr stores of a window task
-KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
 # the share of a device's total memory that auto-sized windows plan for, without --device-memory
 AUTO_SHARE = {"cpu": 0.75, "cuda": 0.9}
 UNITS = {"KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
@@ -25,57 +24,19 @@ UNITS = {"KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30}
 
 def layer_weight_bytes(gguf: GGUFIndex, i: int, dtype) -> int:
     """Bytes the dequantized tensors of block `i` take for compute in `dtype` (torch dtype)."""
+    from ..model.arch import load_architecture
     from ..model.weight_block import tensor_bytes
 
-    return sum(tensor_bytes(t, dtype) for t in gguf.layer_tensors(i))
+    arch = load_architecture(gguf)
+    return sum(tensor_bytes(arch, t, dtype) for t in gguf.layer_tensors(i))
 
 
 def activation_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int, device: str = "cpu") -> int:
     """What one forward batch of [batch, ctx] tokens holds at its peak besides the weights, on
-    `device`: the widest layer's activations per token (layer_activation_floats), and what the
-    attention kernel that runs holds beyond them. SDPA's kernels on the CPU (causal, sliding
-    window and chunked) and its flash and memory-efficient ones on CUDA never hold the
-    [batch, heads, ctx, ctx] scores; a boolean mask (a window or chunk shorter than ctx) is
-    kept, [ctx, ctx]; on CUDA a mask with grouped-query
-    heads sends SDPA to its math kernel, which holds the scores, the masked scores and their
-    softmax, three float32 score tensors; attention with sinks (computed outside SDPA) holds
-    three too, a block of queries at a time (at most SINK_SCORE_BYTES)."""
+    `device`, as the model's family counts it (DecoderArch.activation_bytes)."""
     from ..model.arch import load_architecture
-    from ..model.arch.gpt_oss import SINK_SCORE_BYTES, SinkAttention
 
-    arch = load_architecture(gguf)
-    specs = [spec.attention for spec in map(arch.layer_spec, range(arch.hp.n_layers)) if spec.attention]
-    per_token = max(layer_activation_floats(gguf, i, arch.hp.hidden) for i in range(arch.hp.n_layers))
-    scores = 4 * batch * n_head * ctx * ctx
-    masked = [a for a in specs if (a.span or ctx) < ctx or (a.chunk or ctx) < ctx]
-    extra = ctx * ctx if masked else 0
-    if arch.attention_class is SinkAttention:
-        extra += min(3 * scores, SINK_SCORE_BYTES)
-    elif device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
-        extra += 3 * scores
-    return KERNEL_WORKSPACE_BYTES + 4 * batch * ctx * per_token + extra
-
-
-def layer_activation_floats(gguf: GGUFIndex, i: int, hidden: int) -> int:
-    """Float32 values per token that layer i's forward holds at its peak, from what the layer has
-    (measured on the CPU for dense, MoE, attention-only and Mamba2 layers: tests/test_memory.py):
-    the residual stream, 2.5 x hidden; an attention, twice its widest projection; a dense or
-    shared MLP, twice its width; routed experts, 2 x hidden and 8 per expert (router logits,
-    probabilities, the sort); a recurrent mixer, 9 x its widest projection (its blockwise scan)."""
-    rows: dict[str, int] = {}
-    for t in gguf.layer_tensors(i):
-        kind = t.name.split(".")[2]
-        if len(t.shape) >= 2:
-            group = ("ssm" if kind.startswith("ssm_") else "attn" if kind.startswith("attn_") else
-                     "experts" if kind.endswith("_exps") else "router" if kind == "ffn_gate_inp" else
-                     "mlp" if kind.startswith("ffn_") else "other")
-            rows[group] = max(rows.get(group, 0), t.shape[-2])
-    floats = 2.5 * hidden + 2 * rows.get("attn", 0) + 2 * rows.get("mlp", 0)
-    if "router" in rows:
-        floats += 2 * hidden + 8 * rows["router"]
-    if "ssm" in rows:
-        floats += 9 * max(rows["ssm"], rows.get("attn", 0))
-    return int(floats)
+    return load_architecture(gguf).activation_bytes(batch, ctx, n_head, device)
 
 
 def parse_size(text: str) -> int:
@@ -140,13 +101,16 @@ def largest_fitting_window(per_layer: list[int], fixed: int, budget: int) -> int
 def layer_experts(gguf: GGUFIndex, i: int, dtype) -> tuple[int, int]:
     """(bytes, count) of block `i`'s routed experts dequantized for compute in `dtype`; (0, 0)
     where it has none."""
+    from ..model.arch import load_architecture
     from ..model.arch.experts import expert_tensor_names
     from ..model.weight_block import tensor_bytes
 
     names = expert_tensor_names(gguf, i)
     if not names:
         return 0, 0
-    return sum(tensor_bytes(gguf.tensors[n], dtype) for n in names.values()), gguf.tensors[names["down"]].shape[0]
+    arch = load_architecture(gguf)
+    return (sum(tensor_bytes(arch, gguf.tensors[n], dtype) for n in names.values()),
+            gguf.tensors[names["down"]].shape[0])
 
 
 def layer_costs(gguf: GGUFIndex, n_layers: int, dtype, layers: range | None = None) -> tuple[list, list]:

@@ -1,10 +1,14 @@
 """Architecture registry keyed by `general.architecture`."""
+import functools
+
 from ...errors import UserError
 from ...gguf_io.reader import GGUFIndex
-from .base import DecoderArch
 from .deepseek2 import Deepseek2
 from .ernie4_5_moe import Ernie45Moe
+from .exaone4 import Exaone4
+from .family import DecoderArch
 from .gemma3 import Gemma3
+from .glm4 import Glm4
 from .glm4moe import Glm4Moe
 from .gpt_oss import GptOss
 from .llama import Llama
@@ -12,8 +16,11 @@ from .llama4 import Llama4
 from .minimax_m2 import MinimaxM2
 from .mistral3 import Mistral3
 from .nemotron_h import NemotronH
-from .qwen2 import Qwen2, Qwen3VL
+from .olmo2 import Olmo2
+from .qwen2 import Qwen2, Qwen2Moe, Qwen3VL
 from .qwen3next import Qwen3Next, Qwen35
+from .seed_oss import SeedOss
+from .smollm3 import SmolLM3
 
 ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "qwen3": Qwen2, "qwen3moe": Qwen2,
@@ -22,10 +29,13 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,
+    "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "seed_oss": SeedOss,
 }
 
 
+@functools.lru_cache(maxsize=8)
 def load_architecture(gguf: GGUFIndex) -> DecoderArch:
+    """The family of `gguf`, its metadata read and checked once per opened file."""
     cls = ARCHITECTURES.get(gguf.architecture)
     if cls is None:
         raise UserError(f"{gguf.path}: architecture {gguf.architecture!r} is not supported "

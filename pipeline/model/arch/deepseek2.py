@@ -24,8 +24,9 @@ from gguf import Keys
 from torch import nn
 
 from ...errors import UserError
-from .base import BlockTensors, DecoderArch, HParams, LayerSpec
 from .blocks import Attention, AttentionSpec, rms_norm
+from .family import DecoderArch, HParams, LayerSpec
+from .loading import BlockTensors
 from .rope import RopeSpec, apply_rope
 from .shapes import expect
 
@@ -73,6 +74,12 @@ class Deepseek2(DecoderArch):
     def __init__(self, gguf):
         super().__init__(gguf)
         self.check_latent_shapes()
+
+    def ffn_kind(self, i: int) -> str:
+        return self.dense_then_experts(i)
+
+    def normalizes_expert_weights(self) -> bool:
+        return self.weights_norm_in_file()
 
     def read_gating(self) -> str:
         """Older DeepSeek-V2 files set no gating function: softmax, as llama.cpp reads them (its

@@ -16,7 +16,7 @@ from gguf import TENSOR_NAMES
 
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
-from ..weight_block import WeightBlock, held_dtype
+from ..weight_block import WeightBlock
 from .blocks import Weights
 
 # the routed experts' tensors, [n_experts, rows, cols] each
@@ -59,7 +59,7 @@ class SlicedExperts(Weights):
     scratch tensors (taken from the window's block) that every slice reuses."""
 
     def __init__(self, gguf: GGUFIndex, names: dict[str, str], n_slices: int, device, dtype: torch.dtype,
-                 weights: WeightBlock | None):
+                 weights: WeightBlock | None, held_dtype):
         self.gguf, self.names, self.device = gguf, names, device
         self.n_experts = gguf.tensors[names["down"]].shape[0]
         self.firsts = slice_firsts(self.n_experts, n_slices)

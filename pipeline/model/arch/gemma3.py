@@ -9,10 +9,13 @@ from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
+from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from .base import DecoderArch
 from .blocks import AttentionSpec
+from .family import DecoderArch, LayerSpec
+from .loading import BlockTensors
+from .modules import PrePostNormLayer
 
 SWA_ROPE_BASE = 10000.0    # sliding layers' RoPE base when the file has no freq_base_swa
 LAYERS_27B = 62            # llama.cpp scales Gemma-3 27B's queries by 1/sqrt(hidden / heads)
@@ -32,6 +35,12 @@ class Gemma3(DecoderArch):
     def __init__(self, gguf):
         super().__init__(gguf)
         self.embed_scale = math.sqrt(self.hp.hidden)
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> PrePostNormLayer:
+        # diff: each block's output normed before it joins the stream
+        return PrePostNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
+                                attn_post_norm=t(MT.ATTN_POST_NORM), ffn_norm=t(MT.FFN_NORM),
+                                ffn=self.ffn(spec, t), ffn_post_norm=t(MT.FFN_POST_NORM))
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)

@@ -10,9 +10,11 @@ import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from .base import BlockTensors, DecoderArch
 from .blocks import Attention, AttentionSpec
+from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .ffn import MoE, swiglu_oai
+from .loading import BlockTensors
+from .modules import PreNormLayer
 
 EXPERT_BIASES = {"up": MT.FFN_UP_EXP, "gate": MT.FFN_GATE_EXP, "down": MT.FFN_DOWN_EXP}
 
@@ -51,11 +53,24 @@ class SinkAttention(Attention):
 
 class GptOss(DecoderArch):
     neox_rope = True
-    ffn_norm = MT.ATTN_POST_NORM
-    attention_class = SinkAttention
     swa_period = 2
     expert_gating = "softmax_weight"
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN})
+    float32_tensors = FLOAT32_TENSORS + ("attn_sinks.weight",)   # a logit of each softmax
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> PreNormLayer:
+        # diff: the FFN's pre-norm is stored as the post-attention norm
+        return PreNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), mixer=self.mixer(spec, t),
+                            ffn_norm=t(MT.ATTN_POST_NORM), ffn=self.ffn(spec, t))
+
+    def attention(self, spec: AttentionSpec, t: BlockTensors) -> SinkAttention:
+        return SinkAttention(self.attention_weights(spec, t), spec, self.hp.eps)
+
+    def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
+        """The masks, and on every device three float32 score tensors of a block of queries (at
+        most SINK_SCORE_BYTES): the sinks are computed outside SDPA."""
+        masks = ctx * ctx if self.masked_layers(ctx) else 0
+        return masks + min(3 * 4 * batch * n_head * ctx * ctx, SINK_SCORE_BYTES)
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)

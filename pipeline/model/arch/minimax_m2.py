@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from gguf import Keys
 
-from .base import DecoderArch
 from .blocks import AttentionSpec
+from .family import DecoderArch
 
 
 class MinimaxM2(DecoderArch):

@@ -10,6 +10,7 @@ from gguf import Keys
 from ...errors import UserError
 from .blocks import AttentionSpec, Temperature
 from .llama import Llama
+from .rope import YARN_DEFAULTS
 
 
 class Mistral3(Llama):
@@ -18,6 +19,11 @@ class Mistral3(Llama):
 
     def yarn_mscales(self) -> tuple[float, float]:
         return 1.0, float(self.key(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0))
+
+    def yarn_betas(self) -> dict[str, float]:
+        # diff: the file's correction-dim betas (the others compute llama.cpp's defaults)
+        return {field: float(self.key(key, YARN_DEFAULTS[key])) for field, key in
+                (("beta_fast", Keys.Rope.SCALING_YARN_BETA_FAST), ("beta_slow", Keys.Rope.SCALING_YARN_BETA_SLOW))}
 
     def temperature(self) -> Temperature | None:
         beta = float(self.key(Keys.Attention.TEMPERATURE_SCALE, 0.0))

@@ -4,14 +4,24 @@ mixer (no attention heads and no FFN listed for the layer), attention without po
 experts with a selection bias and a shared expert (nemotron_h_moe)."""
 from dataclasses import replace
 
+import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
 
-from .base import BlockTensors, DecoderArch, LayerSpec, Residual
 from .blocks import AttentionSpec
+from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .ffn import relu2
-from .ssm import Mamba2
+from .loading import BlockTensors
+from .modules import Layer
+from .ssm import MAMBA2_FLOAT32_TENSORS, Mamba2
+
+
+class NemotronHLayer(Layer):
+    """llama.cpp's llm_build_nemotron_h: one op, Mamba2, attention or feed-forward, behind one norm."""
+
+    def forward(self, x: torch.Tensor, tables, state: dict | None = None) -> torch.Tensor:
+        return x + self.op(self.norm(x, self.attn_norm), tables, state)
 
 
 class NemotronH(DecoderArch):
@@ -19,6 +29,7 @@ class NemotronH(DecoderArch):
     activation = staticmethod(relu2)
     expert_gating = "sigmoid"
     honours = frozenset({Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE})
+    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS
 
     def rms_eps(self) -> float:
         # llama.cpp falls back on the plain layer-norm epsilon
@@ -35,9 +46,12 @@ class NemotronH(DecoderArch):
     def attention_spec(self, i: int) -> AttentionSpec:
         return replace(super().attention_spec(i), rope=None)  # diff: no position encoding
 
-    def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> NemotronHLayer:
         op = self.mixer(spec, t) if spec.mixer else self.ffn(spec, t)
-        return [Residual(t(MT.ATTN_NORM), op, self.hp.eps)]
+        return NemotronHLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), op=op)
+
+    def normalizes_expert_weights(self) -> bool:
+        return self.weights_norm_in_file()
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         return self.mamba2(t) if spec.mixer == "mamba2" else super().mixer(spec, t)

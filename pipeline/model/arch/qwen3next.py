@@ -14,8 +14,11 @@ from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
 
-from .base import BlockTensors, DecoderArch, LayerSpec
 from .delta_net import GatedDeltaNet
+from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
+from .loading import BlockTensors
+from .modules import PreNormLayer
+from .ssm import MAMBA2_FLOAT32_TENSORS
 
 RECURRENT_LAYERS = getattr(Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers")
 FULL_ATTENTION_INTERVAL = 4   # llama.cpp's default when the file names neither
@@ -24,8 +27,8 @@ FULL_ATTENTION_INTERVAL = 4   # llama.cpp's default when the file names neither
 class Qwen3Next(DecoderArch):
     neox_rope = True
     fused_gate_up_experts = True
-    ffn_norm = MT.ATTN_POST_NORM   # diff: the FFN's pre-norm is stored as the post-attention norm
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)
+    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS   # the delta rule's A and dt bias as Mamba2's
 
     def is_recurrent(self, i: int) -> bool:
         flags = self.gguf.arch_value(RECURRENT_LAYERS)
@@ -37,6 +40,11 @@ class Qwen3Next(DecoderArch):
         if self.is_recurrent(i):
             return LayerSpec(i, "delta_net", self.ffn_kind(i))
         return LayerSpec(i, "attention", self.ffn_kind(i), replace(self.attention_spec(i), gated=True))
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> PreNormLayer:
+        # diff: the FFN's pre-norm is stored as the post-attention norm
+        return PreNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), mixer=self.mixer(spec, t),
+                            ffn_norm=t(MT.ATTN_POST_NORM), ffn=self.ffn(spec, t))
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         return self.delta_net(t) if spec.mixer == "delta_net" else super().mixer(spec, t)

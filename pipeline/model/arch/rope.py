@@ -141,10 +141,7 @@ def read_rope(arch, dim: int, neox: bool, freq_factors: tuple[float, ...] | None
                         f"scales this architecture's YaRN attention by {mscale:g}; layercycle does not guess which "
                         f"is meant")
     # the correction dims' betas, where the family reads them (else llama.cpp's defaults, checked above)
-    betas = {field: float(arch.key(template, YARN_DEFAULTS[template])) for field, template in
-             (("beta_fast", Keys.Rope.SCALING_YARN_BETA_FAST), ("beta_slow", Keys.Rope.SCALING_YARN_BETA_SLOW))
-             if template in arch.honours}
-    return RopeSpec(dim, base, neox, scale, freq_factors, yarn=Yarn(n_ctx_orig, yarn_attn, **betas))
+    return RopeSpec(dim, base, neox, scale, freq_factors, yarn=Yarn(n_ctx_orig, yarn_attn, **arch.yarn_betas()))
 
 
 def get_mscale(scale: float, mscale: float) -> float:

@@ -83,7 +83,11 @@ def expect_layer(arch, spec) -> None:
         expect(arch, name(MT.ATTN_SINKS), (a.n_head,), "head_count")
     if spec.ffn == "mlp":
         ff = arch.gguf.tensors[name(MT.FFN_UP)].shape[0] if name(MT.FFN_UP) in arch.gguf.tensors else 0
-        expect(arch, name(MT.FFN_UP), (ff, hidden), "feed-forward width x embedding_length", required=True)
+        rows, why = ff, "feed-forward width x embedding_length"
+        if arch.fused_gate_up_mlp:   # ffn_up holds the gate's rows, then the up projection's
+            ff = ff // 2
+            rows, why = 2 * ff, "the gate's and the up projection's rows, 2 x feed-forward width"
+        expect(arch, name(MT.FFN_UP), (rows, hidden), why, required=True)
         expect(arch, name(MT.FFN_GATE), (ff, hidden), "the up projection's shape")
         expect(arch, name(MT.FFN_DOWN), (hidden, ff), "the up projection's, transposed", required=True)
     elif spec.ffn == "moe":

@@ -11,6 +11,9 @@ import torch.nn.functional as F
 from .blocks import Weights, rms_norm, wide
 
 SCAN_BLOCK = 64
+# held in float32 whatever the compute dtype: the decay A, the skip D and dt's bias enter the scan,
+# which runs in float32
+MAMBA2_FLOAT32_TENSORS = (".ssm_a", ".ssm_d", "ssm_dt.bias")
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

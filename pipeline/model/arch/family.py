@@ -1,12 +1,11 @@
-"""A decoder-only architecture over one GGUF file: embed, layers [a, b), head.
-
-Each layer's facts (which mixer and feed-forward block, heads, head sizes, attention span,
-RoPE) are read from the metadata once, into a `LayerSpec` per layer. A layer is a module tree
-of residual steps, x + [post_norm](op(norm(x))), whose ops are a mixer (attention, Mamba2,
-Gated DeltaNet) or a feed-forward block (dense or mixture of experts). Subclasses (one module
-per family) state what differs: the spec of each layer, RoPE pairing, embedding scale,
-activation, how the logits end. Weights are read and dequantized only when a layer, the
-embedding rows or the head are asked for.
+"""A decoder-only architecture over one GGUF file, its metadata read once: each layer's facts
+(which mixer and feed-forward block, heads, head sizes, attention span, RoPE) into a `LayerSpec`,
+the settings it computes and refuses (audit.py), what it holds in float32 and the activations it
+keeps per token (asked by the weight block and the preflight), and how a layer, the embedding
+and the head are built. A layer is the family's `layer`: its parts, read from the file, in a
+module whose forward is the family's graph (modules.py). Subclasses (one module per family)
+state what differs. Weights are read and dequantized only when a layer, the embedding rows or
+the head are asked for.
 """
 import functools
 import math
@@ -21,22 +20,14 @@ from torch import nn
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
-from ..scoring import WIDENED_SLICE_BYTES
-from ..weight_block import WeightBlock, held_dtype
+from ..weight_block import WeightBlock
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, never, refuse_settings_not_computed
-from .blocks import (
-    Attention,
-    AttentionSpec,
-    Temperature,
-    Weights,
-    causal_mask,
-    module_bytes,
-    rms_norm,
-    temperature_factors,
-)
+from .blocks import Attention, AttentionSpec
 from .experts import HeldExperts, SlicedExperts, expert_tensor_names, split_gate_up
 from .ffn import MLP, MoE, Routing
-from .rope import RopeSpec, read_rope, rope_tables, text_unrotated_pairs
+from .loading import BlockTensors, ShapeTensors, read_tensor
+from .modules import Head, Layer, PreNormLayer
+from .rope import RopeSpec, read_rope, text_unrotated_pairs
 from .shapes import check_shapes, qkv_rows
 
 MT = MODEL_TENSOR
@@ -63,123 +54,11 @@ class HParams:
     vocab: int
 
 
-class Tables:
-    """RoPE tables, attention masks and query temperatures of one sequence length, built once per
-    layer-window task."""
-
-    def __init__(self, n_pos: int, device, dtype):
-        self.n_pos, self.device, self.dtype = n_pos, device, dtype
-        self._rope, self._mask, self._temperature = {}, {}, {}
-
-    def rope(self, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
-        if spec not in self._rope:
-            self._rope[spec] = rope_tables(spec, self.n_pos, self.device, self.dtype)
-        return self._rope[spec]
-
-    def mask(self, span: int | None, chunk: int | None = None) -> torch.Tensor | None:
-        if (span, chunk) not in self._mask:
-            self._mask[span, chunk] = causal_mask(self.n_pos, span, self.device, chunk)
-        return self._mask[span, chunk]
-
-    def temperature(self, t: Temperature) -> torch.Tensor:
-        if t not in self._temperature:
-            self._temperature[t] = temperature_factors(t, self.n_pos, self.device, self.dtype)
-        return self._temperature[t]
-
-
-def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock | None = None) -> torch.Tensor:
-    """A tensor of the file, dequantized on `device` and cast to `dtype`, inside `weights`
-    where it is given and has room."""
-    if name not in gguf.tensors:
-        raise UserError(f"{gguf.path}: missing tensor {name}")
-    info = gguf.tensors[name]
-    out = weights.take(info.shape, dtype) if weights is not None else None
-    t = dequantize(gguf.raw(name), info.qtype, device, name, dtype, out=out)
-    gguf.release_pages(name)
-    return t
-
-
-class BlockTensors:
-    """The tensors of block `i`, dequantized on request (into `weights` where given); remembers
-    which it read."""
-
-    def __init__(self, gguf: GGUFIndex, i: int, device, dtype, weights: WeightBlock | None = None,
-                 expert_slices: int = 1):
-        self.gguf, self.i, self.device, self.dtype, self.weights = gguf, i, device, dtype, weights
-        self.expert_slices = expert_slices   # > 1: the routed experts are read a slice at a time
-        self.read = set()
-
-    def name(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> str:
-        base = TENSOR_NAMES[kind].format(bid=self.i)
-        return f"{base}.{suffix}" if suffix else base
-
-    def has(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> bool:
-        return self.name(kind, suffix) in self.gguf.tensors
-
-    def __call__(self, kind: MODEL_TENSOR, suffix: str | None = "weight", required: bool = True) -> torch.Tensor | None:
-        name = self.name(kind, suffix)
-        if name not in self.gguf.tensors and not required:
-            return None
-        t = read_tensor(self.gguf, name, self.device, held_dtype(name, self.dtype), self.weights)
-        self.read.add(name)
-        return t
-
-    def unheld(self, kind: MODEL_TENSOR, suffix: str = "weight") -> torch.Tensor:
-        """A tensor dequantized outside the window's block, for one the layer turns into another
-        at load (`keep` puts the result where the block has room for it)."""
-        name = self.name(kind, suffix)
-        self.read.add(name)
-        return read_tensor(self.gguf, name, self.device, held_dtype(name, self.dtype))
-
-    def keep(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` moved into the window's block where it has room (else as it is)."""
-        view = self.weights.take(tuple(t.shape), t.dtype) if self.weights is not None else None
-        return t if view is None else view.copy_(t)
-
-    def check_all_read(self) -> None:
-        """A tensor of the block that the layer did not read means a variant we would compute
-        wrongly (merged or latent experts, extra projections): refuse it rather than guess."""
-        unread = sorted(t.name for t in self.gguf.layer_tensors(self.i) if t.name not in self.read)
-        if unread:
-            raise UserError(f"{self.gguf.path}: tensor {unread[0]} is not part of the {self.gguf.architecture} "
-                            f"layer layercycle computes; this variant of the architecture is not supported")
-
-
-class Residual(Weights):
-    """x + [post_norm](op(norm(x)))."""
-
-    def __init__(self, norm: torch.Tensor, op: nn.Module, eps: float, post_norm: torch.Tensor | None = None):
-        super().__init__({"norm": norm, "post_norm": post_norm})
-        self.op, self.eps = op, eps
-
-    def forward(self, x: torch.Tensor, tables: Tables, state: dict | None) -> torch.Tensor:
-        return self.add(x, self.op(self.op_input(x), tables, state))
-
-    def op_input(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.norm, self.eps)
-
-    def add(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The residual stream x with the op's output y added."""
-        return x + (rms_norm(y, self.post_norm, self.eps) if self.post_norm is not None else y)
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, spec: LayerSpec, steps: list[Residual]):
-        super().__init__()
-        self.spec, self.steps = spec, nn.ModuleList(steps)
-
-    @property
-    def nbytes(self) -> int:
-        return module_bytes(self)
-
-    def extra_repr(self) -> str:
-        return f"layer {self.spec.index}: {self.spec.mixer or 'no mixer'}, {self.spec.ffn or 'no feed-forward'}"
-
-    def forward(self, x: torch.Tensor, tables: Tables, state: dict | None = None) -> torch.Tensor:
-        # x: [B, T, hidden]; state: recurrent state carried in and out (None: zero for every row)
-        for step in self.steps:
-            x = step(x, tables, state)
-        return x
+# held in float32 (or wider) whatever the compute dtype, by every family: norm weights (Gemma's
+# stored 1 + w too), routers with their biases, and selection biases; what reads them computes in
+# float32, so rounding them to 16 bits first would lose bits that are never recovered
+FLOAT32_TENSORS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias")
+KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
 
 
 class DecoderArch:
@@ -187,13 +66,13 @@ class DecoderArch:
     activation = staticmethod(F.silu)
     embed_scale: float | None = None
     expert_gating = "softmax"   # how router logits become expert weights (llama.cpp fixes it per family)
-    honours: frozenset[str] = frozenset()   # keys of audit.NEUTRAL the family computes
+    honours: frozenset[str] = frozenset()   # keys of audit.NEUTRAL the family computes (the audit's only)
     fused_gate_up_experts = False           # llama.cpp loads ffn_gate_up_exps for this family
-    ffn_norm = MT.FFN_NORM                  # the FFN's pre-norm (some families store it as the post-attention norm)
+    fused_gate_up_mlp = False               # the dense MLP's ffn_up holds the gate's rows, then the up's
     swa_period = 0                          # families with sliding-window layers: the last of each period is global
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
-    attention_class = Attention             # a family's attention that SDPA cannot express overrides `attend`
+    float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
 
     def __init__(self, gguf: GGUFIndex):
@@ -251,11 +130,13 @@ class DecoderArch:
         return LayerSpec(i, "attention", self.ffn_kind(i), self.attention_spec(i))
 
     def ffn_kind(self, i: int) -> str:
-        """Families that read leading_dense_block_count: dense below it, experts from it on (as
-        llama.cpp's loaders); the others: experts where the block has a router."""
-        if Keys.LLM.LEADING_DENSE_BLOCK_COUNT in self.honours:
-            return "mlp" if i < int(self.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0)) else "moe"
+        """Experts where the block has a router, else the dense MLP."""
         return "moe" if self.has_tensor(i, MT.FFN_GATE_INP) else "mlp"
+
+    def dense_then_experts(self, i: int) -> str:
+        """The ffn_kind of families that read leading_dense_block_count: dense below it, experts
+        from it on, as llama.cpp's loaders."""
+        return "mlp" if i < int(self.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT, 0)) else "moe"
 
     def attention_spec(self, i: int) -> AttentionSpec:
         n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))
@@ -268,6 +149,11 @@ class DecoderArch:
         """(mscale, mscale_all_dim) of llama.cpp's YaRN attention factor; mscale_all_dim 0: the
         family reads no rope.scaling.yarn_log_mul (a file that sets one is refused)."""
         return 1.0, 0.0
+
+    def yarn_betas(self) -> dict[str, float]:
+        """The YaRN correction dims' betas the family reads from the file (Yarn's fields); none:
+        llama.cpp's defaults, which a file of such a family must state if it states them (rope.py)."""
+        return {}
 
     def is_sliding(self, i: int) -> bool:
         """llama.cpp's load_swa_pattern: a per-layer array, or a period (from the file or the
@@ -297,20 +183,78 @@ class DecoderArch:
         unrotated = text_unrotated_pairs(list(sections), rope.dim // 2, self.multi_axis_rope == "interleaved")
         return replace(rope, unrotated=unrotated)
 
+    # -- what a window holds ---------------------------------------------------------------
+    def held_dtype(self, name: str, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a window holds tensor `name` in when it computes in `dtype`."""
+        return torch.promote_types(dtype, torch.float32) if name.endswith(self.float32_tensors) else dtype
+
+    def activation_floats(self, i: int) -> int:
+        """Float32 values per token that layer i's forward holds at its peak, from what the layer has
+        (measured on the CPU for dense, MoE, attention-only and Mamba2 layers: tests/test_memory.py):
+        the residual stream, 2.5 x hidden; an attention, twice its widest projection; a dense or
+        shared MLP, twice its width; routed experts, 2 x hidden and 8 per expert (router logits,
+        probabilities, the sort); a recurrent mixer, 9 x its widest projection (its blockwise scan)."""
+        rows: dict[str, int] = {}
+        for t in self.gguf.layer_tensors(i):
+            kind = t.name.split(".")[2]
+            if len(t.shape) >= 2:
+                group = ("ssm" if kind.startswith("ssm_") else "attn" if kind.startswith("attn_") else
+                         "experts" if kind.endswith("_exps") else "router" if kind == "ffn_gate_inp" else
+                         "mlp" if kind.startswith("ffn_") else "other")
+                rows[group] = max(rows.get(group, 0), t.shape[-2])
+        floats = 2.5 * self.hp.hidden + 2 * rows.get("attn", 0) + 2 * rows.get("mlp", 0)
+        if "router" in rows:
+            floats += 2 * self.hp.hidden + 8 * rows["router"]
+        if "ssm" in rows:
+            floats += 9 * max(rows["ssm"], rows.get("attn", 0))
+        return int(floats)
+
+    def activation_bytes(self, batch: int, ctx: int, n_head: int, device: str = "cpu") -> int:
+        """What a window's forward holds besides its weights for `batch` sequences of `ctx` tokens on
+        `device`: the widest layer's activations per token (activation_floats), the kernels'
+        workspace, and what attention keeps beyond them (attention_score_bytes)."""
+        per_token = max(self.activation_floats(i) for i in range(self.hp.n_layers))
+        return KERNEL_WORKSPACE_BYTES + 4 * batch * ctx * per_token + self.attention_score_bytes(
+            batch, ctx, n_head, device)
+
+    def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
+        """What attention holds beyond the counted activations. SDPA's kernels on the CPU (causal,
+        sliding window and chunked) and its flash and memory-efficient ones on CUDA never hold the
+        [batch, heads, ctx, ctx] scores; a boolean mask is kept (masked_layers); on CUDA a mask with
+        grouped-query heads sends SDPA to its math kernel, which holds the scores, the masked scores
+        and their softmax, three float32 score tensors."""
+        masked = self.masked_layers(ctx)
+        extra = ctx * ctx if masked else 0
+        if device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
+            extra += 3 * 4 * batch * n_head * ctx * ctx
+        return extra
+
+    def masked_layers(self, ctx: int) -> list[AttentionSpec]:
+        """The attention layers whose window or chunk is shorter than ctx: each needs a boolean
+        [ctx, ctx] mask."""
+        specs = [spec.attention for spec in self.specs if spec.attention]
+        return [a for a in specs if (a.span or ctx) < ctx or (a.chunk or ctx) < ctx]
+
     # -- layers ----------------------------------------------------------------------------
     def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None,
-                   expert_slices: int = 1) -> DecoderLayer:
-        t = BlockTensors(self.gguf, i, device, dtype, weights, expert_slices)
-        layer = DecoderLayer(self.specs[i], self.layer_steps(self.specs[i], t))
+                   expert_slices: int = 1) -> Layer:
+        t = BlockTensors(self.gguf, i, device, dtype, self.held_dtype, weights, expert_slices)
+        layer = self.layer(self.specs[i], t)
         t.check_all_read()
         return layer
 
-    def layer_steps(self, spec: LayerSpec, t: BlockTensors) -> list[Residual]:
-        """Mixer then feed-forward, each with its pre-norm and (where present) post-norm."""
-        eps = self.hp.eps
-        attn_post = t(MT.ATTN_POST_NORM, required=False) if self.ffn_norm != MT.ATTN_POST_NORM else None
-        return [Residual(t(MT.ATTN_NORM), self.mixer(spec, t), eps, attn_post),
-                Residual(t(self.ffn_norm), self.ffn(spec, t), eps, t(MT.FFN_POST_NORM, required=False))]
+    def layer_shapes(self, i: int, dtype: torch.dtype) -> Layer:
+        """Layer i built on the meta device: its modules, settings and tensor shapes, no byte read."""
+        t = ShapeTensors(self.gguf, i, "meta", dtype, self.held_dtype)
+        layer = self.layer(self.specs[i], t)
+        t.check_all_read()
+        return layer
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> Layer:
+        """llama's layer (modules.PreNormLayer): the mixer behind attn_norm, the feed-forward
+        block behind ffn_norm."""
+        return PreNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), mixer=self.mixer(spec, t),
+                            ffn_norm=t(MT.FFN_NORM), ffn=self.ffn(spec, t))
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         """The layer's token mixer; families with recurrent layers add theirs."""
@@ -318,7 +262,7 @@ class DecoderArch:
         return self.attention(spec.attention, t)
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> Attention:
-        return self.attention_class(self.attention_weights(spec, t), spec, self.hp.eps)
+        return Attention(self.attention_weights(spec, t), spec, self.hp.eps)
 
     def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict[str, torch.Tensor | None]:
         """Q, K, V (split from a fused attn_qkv where the file has one), O, and the optional biases
@@ -343,11 +287,12 @@ class DecoderArch:
                    t(MT.FFN_UP, "bias", required=False), t(MT.FFN_DOWN, "bias", required=False))
 
     def normalizes_expert_weights(self) -> bool:
-        """Families that read expert_weights_norm renormalise their top-k weights where it is set;
-        the others (softmax families) always."""
-        if Keys.LLM.EXPERT_WEIGHTS_NORM in self.honours:
-            return bool(self.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False))
+        """Whether the top-k weights are renormalised: always by the softmax families; where the
+        file's expert_weights_norm says by the families that read it (weights_norm_in_file)."""
         return True
+
+    def weights_norm_in_file(self) -> bool:
+        return bool(self.key(Keys.LLM.EXPERT_WEIGHTS_NORM, False))
 
     def read_gating(self) -> str:
         """How router logits become expert weights: fixed per family (`expert_gating`), or read
@@ -403,7 +348,7 @@ class DecoderArch:
             if not fused:
                 names.pop("gate_up", None)
             t.read.update(names.values())
-            return SlicedExperts(self.gguf, names, t.expert_slices, t.device, t.dtype, t.weights)
+            return SlicedExperts(self.gguf, names, t.expert_slices, t.device, t.dtype, t.weights, t.held_dtype)
         if fused:
             gate, up = split_gate_up(t(MT.FFN_GATE_UP_EXP))
         else:
@@ -428,38 +373,10 @@ class DecoderArch:
         if out not in self.gguf.tensors:  # tied embeddings
             out = TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"
         norm_name = TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight"
-        norm = read_tensor(self.gguf, norm_name, device, held_dtype(norm_name, dtype))
+        norm = read_tensor(self.gguf, norm_name, device, self.held_dtype(norm_name, dtype))
         return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps, self.finish_logits)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """How the family's graph ends: float32 logits [N, S] of a vocabulary slice -> the logits
         scored (a family with logit soft-capping or scales applies them here)."""
         return logits
-
-
-class Head(Weights):
-    """Final norm + LM head: hidden [N, hidden] -> float32 logits [N, vocab], ended by the
-    family's `finish` (DecoderArch.finish_logits; None: as they are)."""
-
-    def __init__(self, norm: torch.Tensor, weight: torch.Tensor, eps: float, finish=None):
-        super().__init__({"norm": norm, "weight": weight})
-        self.eps, self.finish = eps, finish
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits(rms_norm(x.float(), self.norm, self.eps), self.weight)
-
-    def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # float32 logits, accumulated in float32 from 16-bit weights too (logits rounded to
-        # bfloat16 before the log-sum-exp lie on a 0.125 grid at 16)
-        z = F.linear(normed, weight.to(normed.dtype))
-        return z if self.finish is None else self.finish(z)
-
-    def logit_slices(self, x: torch.Tensor, width: int):
-        """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
-        so that all N x vocab logits never exist at once. With 16-bit weights a slice's float32
-        copy is at most WIDENED_SLICE_BYTES, which narrows the slices of a wide model."""
-        normed = rms_norm(x.float(), self.norm, self.eps)                   # [N, hidden] float32
-        if self.weight.dtype.itemsize < 4:
-            width = min(width, max(1, WIDENED_SLICE_BYTES // (4 * self.weight.shape[1])))
-        for start in range(0, self.weight.shape[0], width):
-            yield start, self.logits(normed, self.weight[start:start + width])

@@ -1,0 +1,113 @@
+"""The modules a window runs: a layer (its parts as the family reads them, its forward the
+family's graph), the per-length tables its attention reads, and the final norm + LM head."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..scoring import WIDENED_SLICE_BYTES
+from .blocks import Temperature, Weights, causal_mask, module_bytes, rms_norm, temperature_factors
+from .rope import RopeSpec, rope_tables
+
+
+class Tables:
+    """RoPE tables, attention masks and query temperatures of one sequence length, built once per
+    layer-window task."""
+
+    def __init__(self, n_pos: int, device, dtype):
+        self.n_pos, self.device, self.dtype = n_pos, device, dtype
+        self._rope, self._mask, self._temperature = {}, {}, {}
+
+    def rope(self, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        if spec not in self._rope:
+            self._rope[spec] = rope_tables(spec, self.n_pos, self.device, self.dtype)
+        return self._rope[spec]
+
+    def mask(self, span: int | None, chunk: int | None = None) -> torch.Tensor | None:
+        if (span, chunk) not in self._mask:
+            self._mask[span, chunk] = causal_mask(self.n_pos, span, self.device, chunk)
+        return self._mask[span, chunk]
+
+    def temperature(self, t: Temperature) -> torch.Tensor:
+        if t not in self._temperature:
+            self._temperature[t] = temperature_factors(t, self.n_pos, self.device, self.dtype)
+        return self._temperature[t]
+
+
+class Layer(Weights):
+    """One layer: its blocks (modules) and norm weights (tensors), as the family's `layer` reads
+    them, and, in `forward`, the family's graph over them, straight-line code as llama.cpp's
+    `llm_build_*`. forward(x [B, T, hidden], tables, state) -> [B, T, hidden]; `state` is the
+    recurrent state carried in and out (None: zero for every row)."""
+
+    def __init__(self, spec, eps: float, **parts: nn.Module | torch.Tensor | None):
+        blocks = {name: part for name, part in parts.items() if isinstance(part, nn.Module)}
+        super().__init__({name: part for name, part in parts.items() if name not in blocks})
+        for name, block in blocks.items():
+            self.add_module(name, block)
+        self.spec, self.eps = spec, eps
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return rms_norm(x, weight, self.eps)
+
+    @property
+    def nbytes(self) -> int:
+        return module_bytes(self)
+
+    def describe(self) -> str:
+        s = self.spec
+        return f"layer {s.index}: {s.mixer or 'no mixer'}, {s.ffn or 'no feed-forward'}"
+
+
+class PreNormLayer(Layer):
+    """llama.cpp's llm_build_llama, the layer most families share: the mixer over the normed
+    stream, then the feed-forward block over the normed sum."""
+
+    def forward(self, x: torch.Tensor, tables, state: dict | None = None) -> torch.Tensor:
+        h = x + self.mixer(self.norm(x, self.attn_norm), tables, state)
+        return h + self.ffn(self.norm(h, self.ffn_norm))
+
+
+class PrePostNormLayer(Layer):
+    """llama.cpp's llm_build_gemma3 and llm_build_glm4: each block between a norm of its input and
+    a norm of its output, which then joins the stream."""
+
+    def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
+        h = x + self.norm(self.attention(self.norm(x, self.attn_norm), tables), self.attn_post_norm)
+        return h + self.norm(self.ffn(self.norm(h, self.ffn_norm)), self.ffn_post_norm)
+
+
+class PostNormLayer(Layer):
+    """llama.cpp's llm_build_olmo2 and llm_build_exaone4: each block over the stream itself, its
+    output normed before it joins the stream."""
+
+    def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
+        h = x + self.norm(self.attention(x, tables), self.attn_post_norm)
+        return h + self.norm(self.ffn(h), self.ffn_post_norm)
+
+
+class Head(Weights):
+    """Final norm + LM head: hidden [N, hidden] -> float32 logits [N, vocab], ended by the
+    family's `finish` (DecoderArch.finish_logits; None: as they are)."""
+
+    def __init__(self, norm: torch.Tensor, weight: torch.Tensor, eps: float, finish=None):
+        super().__init__({"norm": norm, "weight": weight})
+        self.eps, self.finish = eps, finish
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits(rms_norm(x.float(), self.norm, self.eps), self.weight)
+
+    def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # float32 logits, accumulated in float32 from 16-bit weights too (logits rounded to
+        # bfloat16 before the log-sum-exp lie on a 0.125 grid at 16)
+        z = F.linear(normed, weight.to(normed.dtype))
+        return z if self.finish is None else self.finish(z)
+
+    def logit_slices(self, x: torch.Tensor, width: int):
+        """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
+        so that all N x vocab logits never exist at once. With 16-bit weights a slice's float32
+        copy is at most WIDENED_SLICE_BYTES, which narrows the slices of a wide model."""
+        normed = rms_norm(x.float(), self.norm, self.eps)                   # [N, hidden] float32
+        if self.weight.dtype.itemsize < 4:
+            width = min(width, max(1, WIDENED_SLICE_BYTES // (4 * self.weight.shape[1])))
+        for start in range(0, self.weight.shape[0], width):
+            yield start, self.logits(normed, self.weight[start:start + width])
