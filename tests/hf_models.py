@@ -297,6 +297,16 @@ SPECS = {
                                          layer_types=["sliding_attention"] * 3 + ["full_attention"],
                                          rope_parameters={"full_attention": dict(YARN), "sliding_attention": dict(
                                              rope_type="default", rope_theta=YARN["rope_theta"])})),
+    # Gemma 2: a window of 32 on layers 0 and 2, attention logits capped at 5 and final ones at 10 (low,
+    # so that the caps show on a tiny model); queries scaled by 1/sqrt(head size), as llama.cpp does
+    # below the 27B
+    "gemma2": Spec("Gemma2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
+                                           query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
+                                           final_logit_softcapping=10.0) | dict(tie_word_embeddings=True)),
+    # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
+    # heads (llama.cpp's loader takes no other K-norm)
+    "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,
+                                         num_experts_per_tok=2, norm_topk_prob=False) | dict(num_key_value_heads=4)),
     # Seed-OSS: QKV biases, no output bias (as published), the FFN's pre-norm named post-attention
     "seed_oss": Spec("SeedOssConfig", _common(intermediate_size=96, num_hidden_layers=3, attention_bias=True,
                                               attention_out_bias=False)),

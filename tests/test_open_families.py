@@ -11,7 +11,7 @@ qwen3vl 2.5e-5 and qwen3vlmoe 3.5e-5 (against transformers with the pairs llama.
 unrotated unrotated there too: hf_models.unrotate_fourth_axis), gpt-oss 1.6e-4, minimax-m2 1.1e-5, llama4 2.5e-5,
 ernie4_5-moe 1.2e-4 (one position; the others within 4e-5), smollm3 1.1e-4, olmo2 1.4e-5,
 olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and its 64-layer
-(32B-shaped) file 2.0e-5."""
+(32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5."""
 import math
 import re
 from dataclasses import replace
@@ -25,7 +25,18 @@ from gguf import GGUFReader, Keys
 
 from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
-from pipeline.model.arch import deepseek2, exaone4, ffn, gpt_oss, llama4, load_architecture, modules, qwen2, smollm3
+from pipeline.model.arch import (
+    blocks,
+    deepseek2,
+    exaone4,
+    ffn,
+    gpt_oss,
+    llama4,
+    load_architecture,
+    modules,
+    qwen2,
+    smollm3,
+)
 
 from .helpers import forward, random_ids
 from .test_architectures import dequantized_twin, random_experts
@@ -81,6 +92,9 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "ernie4_5-moe selection bias": ("ernie4_5-moe", None, zeroed("exp_probs_b.bias")),
     "ernie4_5-moe shared experts": ("ernie4_5-moe", {key(Keys.LLM.EXPERT_SHARED_COUNT, "ernie4_5-moe"): None},
                                     lambda n, q, d: None if "shexp" in n else (d, q)),
+    "gemma2 attention soft-cap": ("gemma2", {key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, "gemma2"): 1e6}, None),
+    "gemma2 final soft-cap": ("gemma2", {key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "gemma2"): 1e6}, None),
+    "gemma2 sliding window": ("gemma2", {key(Keys.Attention.SLIDING_WINDOW, "gemma2"): 1024}, None),
     "glm4 partial RoPE": ("glm4", {key(Keys.Rope.DIMENSION_COUNT, "glm4"): 16}, None),
     "exaone4_32b sliding window": ("exaone4_32b", {key(Keys.Attention.SLIDING_WINDOW, "exaone4"): 1024}, None),
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
@@ -110,6 +124,7 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "exaone4_32b NoPE global layers": ("exaone4_32b", exaone4.Exaone4, "attention_spec",
                                        lambda self, i: replace(exaone4.DecoderArch.attention_spec(self, i),
                                                                span=None if not self.is_sliding(i) else 32)),
+    "olmoe weights not renormalised": ("olmoe", qwen2.Qwen2Moe, "normalizes_expert_weights", lambda self: True),
     "smollm3 NoPE layers": ("smollm3", smollm3, "NOPE_PERIOD", 10 ** 6),
     "olmo2 norms after the blocks": ("olmo2", modules.PostNormLayer, "norm", lambda self, x, weight: x),
 }
@@ -164,7 +179,7 @@ def test_sink_attention_in_blocks_of_queries_gives_the_same_logits(tiny_model, m
     _, path = tiny_model("gpt-oss")
     ids = random_ids()
     whole = forward(path, ids)
-    monkeypatch.setattr(gpt_oss, "SINK_SCORE_BYTES", 3 * 4 * 2 * 4 * 150 * 7)
+    monkeypatch.setattr(blocks, "SCORE_BLOCK_BYTES", 3 * 4 * 2 * 4 * 150 * 7)
     torch.testing.assert_close(forward(path, ids), whole, rtol=0, atol=1e-4)   # rounding: measured 1.8e-5
 
 

@@ -7,6 +7,7 @@ from .deepseek2 import Deepseek2
 from .ernie4_5_moe import Ernie45Moe
 from .exaone4 import Exaone4
 from .family import DecoderArch
+from .gemma2 import Gemma2
 from .gemma3 import Gemma3
 from .glm4 import Glm4
 from .glm4moe import Glm4Moe
@@ -17,6 +18,7 @@ from .minimax_m2 import MinimaxM2
 from .mistral3 import Mistral3
 from .nemotron_h import NemotronH
 from .olmo2 import Olmo2
+from .olmoe import Olmoe
 from .qwen2 import Qwen2, Qwen2Moe, Qwen3VL
 from .qwen3next import Qwen3Next, Qwen35
 from .seed_oss import SeedOss
@@ -29,7 +31,8 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,
-    "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "seed_oss": SeedOss,
+    "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
+    "seed_oss": SeedOss, "gemma2": Gemma2,
 }
 
 

@@ -1,5 +1,6 @@
 """Blocks shared by the architectures: the module that holds a block's tensors, RMSNorm,
-attention (with rotary embedding from rope.py)."""
+attention (with rotary embedding from rope.py), and attention whose scores SDPA cannot form."""
+import math
 from dataclasses import dataclass
 
 import torch
@@ -7,6 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .rope import RopeSpec, apply_rope
+
+# the float32 scores of one block of queries (three tensors of them: scores, their transform,
+# softmax) that BlockwiseAttention keeps under this, whatever the context and batch
+SCORE_BLOCK_BYTES = 256 * 2 ** 20
 
 
 class Weights(nn.Module):
@@ -149,3 +154,54 @@ class Attention(Weights):
         mask = tables.mask(self.spec.span, self.spec.chunk)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.spec.scale,
                                               enable_gqa=self.spec.n_kv != self.spec.n_head)
+
+
+class BlockwiseAttention(Attention):
+    """Attention whose scores SDPA cannot express (sinks, soft-capped logits): float32 scores
+    formed here, a block of queries at a time (at most SCORE_BLOCK_BYTES of them), and turned
+    into the weights of the values by the form's `probabilities`."""
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
+        # q [B, H, T, D], k and v [B, KV, T, D] -> [B, H, T, D]
+        B, H, T, D = q.shape
+        KV = k.shape[1]
+        q = q.reshape(B, KV, H // KV, T, D)
+        k, v = k[:, :, None], v[:, :, None]                                           # [B, KV, 1, T, D]
+        mask = tables.mask(self.spec.span, self.spec.chunk)
+        positions = torch.arange(T, device=q.device)
+        rows = max(1, SCORE_BLOCK_BYTES // (3 * 4 * B * H * T))
+        k, v = k.float(), v.float()            # scores, softmax and their sum over values in float32, as SDPA's
+        out = []
+        for a in range(0, T, rows):
+            b = min(a + rows, T)                   # queries [a, b) see keys before b at most
+            scores = (q[..., a:b, :].float() @ k[..., :b, :].transpose(-1, -2)) * self.spec.scale  # [B, KV, G, b-a, b]
+            seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
+            out.append((self.probabilities(scores, seen) @ v[..., :b, :]).to(q.dtype))   # [B, KV, G, b-a, D]
+        return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
+
+    def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        """scores [B, KV, G, queries, keys] float32, seen [queries, keys] bool -> the weights of the
+        keys' values."""
+        raise NotImplementedError
+
+
+def blockwise_score_bytes(batch: int, ctx: int, n_head: int) -> int:
+    """What BlockwiseAttention holds beyond a forward's activations: three float32 score tensors of
+    a block of queries, at most SCORE_BLOCK_BYTES."""
+    return min(3 * 4 * batch * n_head * ctx * ctx, SCORE_BLOCK_BYTES)
+
+
+class SoftCappedAttention(BlockwiseAttention):
+    """Attention whose logits are soft-capped before the mask and the softmax, cap * tanh(s / cap)
+    (Gemma 2)."""
+
+    def __init__(self, w: dict[str, torch.Tensor | None], spec: AttentionSpec, eps: float, cap: float):
+        super().__init__(w, spec, eps)
+        self.cap = cap
+
+    def describe(self) -> str:
+        return f"{super().describe()}, logit cap={self.cap:g}"
+
+    def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        capped = torch.tanh(scores / self.cap) * self.cap
+        return capped.masked_fill(~seen, -math.inf).softmax(-1)

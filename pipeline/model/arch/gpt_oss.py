@@ -10,7 +10,7 @@ import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from .blocks import Attention, AttentionSpec
+from .blocks import AttentionSpec, BlockwiseAttention, blockwise_score_bytes
 from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .ffn import MoE, swiglu_oai
 from .loading import BlockTensors
@@ -19,36 +19,15 @@ from .modules import PreNormLayer
 EXPERT_BIASES = {"up": MT.FFN_UP_EXP, "gate": MT.FFN_GATE_EXP, "down": MT.FFN_DOWN_EXP}
 
 
-# the float32 scores of one block of queries (three tensors of them: scores, with the sink
-# column, softmax) are kept under this, whatever the context and batch
-SINK_SCORE_BYTES = 256 * 2 ** 20
-
-
-class SinkAttention(Attention):
+class SinkAttention(BlockwiseAttention):
     """Attention whose softmax over each query's keys has one more logit, the head's sink, which
-    no value follows: the weights of the keys sum to less than 1. SDPA cannot add the column, so
-    the scores are formed here, a block of queries at a time."""
+    no value follows: the weights of the keys sum to less than 1. SDPA cannot add the column."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
-        # q [B, H, T, D], k and v [B, KV, T, D] -> [B, H, T, D]
-        B, H, T, D = q.shape
-        KV = k.shape[1]
-        q = q.reshape(B, KV, H // KV, T, D)
-        k, v = k[:, :, None], v[:, :, None]                                           # [B, KV, 1, T, D]
-        mask = tables.mask(self.spec.span, self.spec.chunk)
-        positions = torch.arange(T, device=q.device)
-        sinks = self.sinks.view(1, KV, H // KV, 1, 1)
-        rows = max(1, SINK_SCORE_BYTES // (3 * 4 * B * H * T))
-        k, v = k.float(), v.float()            # scores, softmax and their sum over values in float32, as SDPA's
-        out = []
-        for a in range(0, T, rows):
-            b = min(a + rows, T)                   # queries [a, b) see keys before b at most
-            scores = (q[..., a:b, :].float() @ k[..., :b, :].transpose(-1, -2)) * self.spec.scale  # [B, KV, G, b-a, b]
-            seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
-            scores = scores.masked_fill(~seen, -math.inf)
-            probs = torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1).softmax(-1)[..., :b]
-            out.append((probs @ v[..., :b, :]).to(q.dtype))                           # [B, KV, G, b-a, D]
-        return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
+    def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+        _, KV, G, _, n_keys = scores.shape
+        sinks = self.sinks.view(1, KV, G, 1, 1)
+        scores = scores.masked_fill(~seen, -math.inf)
+        return torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1).softmax(-1)[..., :n_keys]
 
 
 class GptOss(DecoderArch):
@@ -67,10 +46,10 @@ class GptOss(DecoderArch):
         return SinkAttention(self.attention_weights(spec, t), spec, self.hp.eps)
 
     def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
-        """The masks, and on every device three float32 score tensors of a block of queries (at
-        most SINK_SCORE_BYTES): the sinks are computed outside SDPA."""
+        """The masks, and on every device a block of queries' float32 scores: the sinks are
+        computed outside SDPA (blocks.blockwise_score_bytes)."""
         masks = ctx * ctx if self.masked_layers(ctx) else 0
-        return masks + min(3 * 4 * batch * n_head * ctx * ctx, SINK_SCORE_BYTES)
+        return masks + blockwise_score_bytes(batch, ctx, n_head)
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)
