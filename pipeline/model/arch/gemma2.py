@@ -9,42 +9,29 @@ import math
 from dataclasses import replace
 
 import torch
-from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
 from .blocks import AttentionSpec, SoftCappedAttention, blockwise_score_bytes
-from .family import DecoderArch, LayerSpec
-from .gemma3 import gelu_tanh
+from .family import DecoderArch
+from .gemma3 import Gemma3
 from .loading import BlockTensors
-from .modules import PrePostNormLayer
 
 LAYERS_27B = 46             # llama.cpp scales Gemma-2 27B's queries by 1/sqrt(hidden / heads)
 SLIDING_WINDOW = 4096       # llama.cpp's window where the file names none
 ATTENTION_CAP, FINAL_CAP = 50.0, 30.0   # llama.cpp's soft caps where the file names none
 
 
-class Gemma2(DecoderArch):
-    neox_rope = True
+class Gemma2(Gemma3):
     swa_period = 2
-    activation = staticmethod(gelu_tanh)
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
                          Keys.LLM.ATTN_LOGIT_SOFTCAPPING, Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
-
-    def __init__(self, gguf):
-        super().__init__(gguf)
-        self.embed_scale = math.sqrt(self.hp.hidden)
-
-    def layer(self, spec: LayerSpec, t: BlockTensors) -> PrePostNormLayer:
-        return PrePostNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
-                                attn_post_norm=t(MT.ATTN_POST_NORM), ffn_norm=t(MT.FFN_NORM),
-                                ffn=self.ffn(spec, t), ffn_post_norm=t(MT.FFN_POST_NORM))
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> SoftCappedAttention:
         cap = float(self.key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, ATTENTION_CAP))
         return SoftCappedAttention(self.attention_weights(spec, t), spec, self.hp.eps, cap)
 
     def attention_spec(self, i: int) -> AttentionSpec:
-        spec = super().attention_spec(i)
+        spec = DecoderArch.attention_spec(self, i)   # diff: sliding layers take the file's sliding RoPE base
         if not self.is_sliding(i):
             return spec
         rope = replace(spec.rope, base=float(self.key(Keys.Rope.FREQ_BASE_SWA, spec.rope.base)))
@@ -53,7 +40,7 @@ class Gemma2(DecoderArch):
     def attention_scale(self) -> float:
         if self.hp.n_layers == LAYERS_27B:  # diff: llama.cpp's query scale for the 27B
             return 1.0 / math.sqrt(self.hp.hidden / self.hp.n_head)
-        return super().attention_scale()
+        return DecoderArch.attention_scale(self)
 
     def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
         """The masks, and on every device a block of queries' float32 scores: the soft cap is
