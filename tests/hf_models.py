@@ -303,6 +303,14 @@ SPECS = {
     "gemma2": Spec("Gemma2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
                                            query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
                                            final_logit_softcapping=10.0) | dict(tie_word_embeddings=True)),
+    # Granite 3: IBM's four multipliers, far from 1 so that each shows
+    "granite": Spec("GraniteConfig", _common(intermediate_size=96, num_hidden_layers=3, embedding_multiplier=3.0,
+                                             residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=0.8)),
+    # Granite MoE-Shared: the multipliers, softmax top-2 of 4 experts beside a shared expert
+    "granitemoe": Spec("GraniteMoeSharedConfig", _common(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
+        shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1,
+        logits_scaling=0.8)),
     # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
     # heads (llama.cpp's loader takes no other K-norm)
     "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,

@@ -11,7 +11,8 @@ qwen3vl 2.5e-5 and qwen3vlmoe 3.5e-5 (against transformers with the pairs llama.
 unrotated unrotated there too: hf_models.unrotate_fourth_axis), gpt-oss 1.6e-4, minimax-m2 1.1e-5, llama4 2.5e-5,
 ernie4_5-moe 1.2e-4 (one position; the others within 4e-5), smollm3 1.1e-4, olmo2 1.4e-5,
 olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and its 64-layer
-(32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5."""
+(32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5, granite 3.6e-5,
+granitemoe 3.5e-5."""
 import math
 import re
 from dataclasses import replace
@@ -97,6 +98,14 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "gemma2 sliding window": ("gemma2", {key(Keys.Attention.SLIDING_WINDOW, "gemma2"): 1024}, None),
     "glm4 partial RoPE": ("glm4", {key(Keys.Rope.DIMENSION_COUNT, "glm4"): 16}, None),
     "exaone4_32b sliding window": ("exaone4_32b", {key(Keys.Attention.SLIDING_WINDOW, "exaone4"): 1024}, None),
+    "granite embedding multiplier": ("granite", {key(Keys.LLM.EMBEDDING_SCALE, "granite"): None}, None),
+    "granite residual multiplier": ("granite", {key(Keys.LLM.RESIDUAL_SCALE, "granite"): None}, None),
+    "granite attention multiplier": ("granite", {key(Keys.Attention.SCALE, "granite"): None}, None),
+    "granite logit scale": ("granite", {key(Keys.LLM.LOGIT_SCALE, "granite"): 1.0}, None),
+    # llama.cpp reads rope.scaling.finetuned = false as no RoPE on any layer (its llama-perplexity
+    # gives this file 8185.0648, ours 8185.0637)
+    "granite RoPE": ("granite", {key(Keys.Rope.SCALING_FINETUNED, "granite"): False}, None),
+    "granitemoe shared expert": ("granitemoe", None, lambda n, q, d: None if "shexp" in n else (d, q)),
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
@@ -226,6 +235,8 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
      "missing metadata key minimax-m2.expert_gating_func"),
     ("gpt-oss", None, dropped("blk.1.attn_sinks.weight"), "missing tensor blk.1.attn_sinks.weight"),
     ("gpt-oss", {key(Keys.LLM.EXPERT_GATING_FUNC, "gpt-oss"): 1}, None, "expert_gating_func = 1 changes"),
+    # Granite 4 Vision feeds image features into layers: not computed
+    ("granite", {"granite.deepstack_mapping": [-1, 0, -1]}, None, "deepstack_mapping = [-1, 0, -1] changes"),
     # llama.cpp never renormalises qwen2moe's top-k weights
     ("qwen2moe", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "qwen2moe"): True}, None, "expert_weights_norm = True changes"),
 ])
