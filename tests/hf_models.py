@@ -5,7 +5,7 @@ conventions -- tensor layouts, signs of A, norm offsets, head orders -- so our r
 checked against the format's owner. The one thing bypassed is the tokenizer: our 384-token
 byte-level BPE (Qwen2 pre-tokenizer regex, trained on pydoc topics) is unknown to its
 fingerprint check, and is declared "qwen2"; a family whose converter wants a sentencepiece
-file (ERNIE) gets the same BPE.
+file (ERNIE, Phi-3) gets the same BPE.
 
 Weights use a larger init scale than the default so that predictions are far from uniform: a
 broken layer then moves the logits instead of hiding under ln(vocab).
@@ -30,6 +30,8 @@ sys.path.insert(0, {llama!r})
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 conversion.base.TextModel._set_vocab_sentencepiece = conversion.base.TextModel._set_vocab_gpt2
+import conversion.phi
+conversion.phi.Phi3MiniModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 sys.argv = ["convert_hf_to_gguf.py", *{args!r}]
 runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
 """
@@ -158,6 +160,7 @@ class Spec:
 
 
 YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, rope_theta=10000.0)
+PHI3_TOKENS = ("</s>", "<unk>", "<s>")   # llama.cpp's vocabulary loader looks them up in a Phi-3 file
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 SPECS = {
     # transformers' DeepSeek-V3 always routes by sigmoid and leaves scoring_func out of
@@ -311,6 +314,17 @@ SPECS = {
         intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
         shared_intermediate_size=48, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1,
         logits_scaling=0.8)),
+    # Phi-4-mini's shape: Q/K/V and gate/up fused, three quarters of each head rotated, tied output
+    "phi3": Spec("Phi3Config", _common(intermediate_size=96, num_hidden_layers=3, partial_rotary_factor=0.75,
+                                       sliding_window=None) | dict(tie_word_embeddings=True),
+                 special_tokens=PHI3_TOKENS),
+    # Phi-3-mini-128k's LongRoPE: trained at 64 positions (the tests score 150: the long factors)
+    "phi3_longrope": Spec("Phi3Config", _common(
+        intermediate_size=96, num_hidden_layers=3, sliding_window=None, original_max_position_embeddings=64,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=64,
+                             long_factor=[1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0],
+                             short_factor=[1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0])),
+        special_tokens=PHI3_TOKENS),
     # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
     # heads (llama.cpp's loader takes no other K-norm)
     "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,

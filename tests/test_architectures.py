@@ -18,12 +18,13 @@ from .tiny_gguf import rewrite_gguf
 ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe",
          "deepseek2", "deepseek2_lite", "glm4moe", "mistral3", "mistral4", "qwen3vl", "qwen3vlmoe",
          "gpt-oss", "minimax-m2", "llama4", "ernie4_5-moe", "smollm3", "olmo2", "olmo3", "seed_oss",
-         "qwen2moe", "glm4", "exaone4", "olmoe", "gemma2", "granite", "granitemoe"]
+         "qwen2moe", "glm4", "exaone4", "olmoe", "gemma2", "granite", "granitemoe",
+         "phi3", "phi3_longrope"]
 # the largest open families, each also placed with --gpu-layers
 SPLIT = ["deepseek2", "glm4moe", "mistral3", "qwen3vlmoe", "gpt-oss", "minimax-m2", "llama4",
          "ernie4_5-moe", "olmo3", "qwen2moe", "gemma2", "granitemoe"]
 HYBRIDS = ["qwen3next", "qwen35", "nemotron_h"]
-EXPECTED_ARCH = {"mixtral": "llama", "deepseek2_lite": "deepseek2", "olmo3": "olmo2"}
+EXPECTED_ARCH = {"mixtral": "llama", "deepseek2_lite": "deepseek2", "olmo3": "olmo2", "phi3_longrope": "phi3"}
 # Both sides compute float32 over the same float32 weights; they differ by rounding order.
 # Measured max |diff| on logits of magnitude ~10: <= 5e-5 for attention/Mamba2 models, up to
 # 1.7e-3 for Gated DeltaNet ones, whose own float32 and float64 runs differ by as much (the
@@ -177,7 +178,8 @@ def test_a_window_holds_only_its_layers_weights(name, tiny_model, tmp_path):
 # bfloat16 GEMMs round otherwise), qwen3vl 0.0048, qwen3vlmoe 0.0071, gpt-oss 0.0442, minimax-m2
 # 0.0111, llama4 0.0011, ernie4_5-moe 0.0102, smollm3 0.0087, olmo2 0.0001, olmo3 0.0021, seed_oss
 # 0.0064, qwen2moe 0.0104, glm4 0.0011, exaone4 0.0009,
-# olmoe 0.0187, gemma2 0.0012, granite 0.0027, granitemoe 0.0017.
+# olmoe 0.0187, gemma2 0.0012, granite 0.0027, granitemoe 0.0017,
+# phi3 0.0074, phi3_longrope 0.0029.
 BFLOAT16_NATS = {"qwen3": 0.004, "qwen3moe": 0.007, "mixtral": 0.03, "qwen3next": 0.004, "qwen35": 0.025,
                  "qwen35moe": 0.004, "nemotron_h": 0.005, "nemotron_h_moe": 0.004, "deepseek2": 0.055,
                  "deepseek2_lite": 0.02, "glm4moe": 0.037, "mistral3": 0.009, "mistral4": 0.011,
@@ -185,7 +187,8 @@ BFLOAT16_NATS = {"qwen3": 0.004, "qwen3moe": 0.007, "mixtral": 0.03, "qwen3next"
                  "gpt-oss": 0.09, "minimax-m2": 0.023, "llama4": 0.004, "ernie4_5-moe": 0.021,
                  "smollm3": 0.018, "olmo2": 0.004, "olmo3": 0.005, "seed_oss": 0.013,
                  "qwen2moe": 0.021, "glm4": 0.004, "exaone4": 0.004,
-                 "olmoe": 0.038, "gemma2": 0.004, "granite": 0.006, "granitemoe": 0.004}
+                 "olmoe": 0.038, "gemma2": 0.004, "granite": 0.006, "granitemoe": 0.004,
+                 "phi3": 0.015, "phi3_longrope": 0.006}
 
 
 @pytest.mark.parametrize("name", ARCHS)

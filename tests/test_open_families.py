@@ -12,7 +12,7 @@ unrotated unrotated there too: hf_models.unrotate_fourth_axis), gpt-oss 1.6e-4, 
 ernie4_5-moe 1.2e-4 (one position; the others within 4e-5), smollm3 1.1e-4, olmo2 1.4e-5,
 olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and its 64-layer
 (32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5, granite 3.6e-5,
-granitemoe 3.5e-5."""
+granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4."""
 import math
 import re
 from dataclasses import replace
@@ -106,6 +106,11 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     # gives this file 8185.0648, ours 8185.0637)
     "granite RoPE": ("granite", {key(Keys.Rope.SCALING_FINETUNED, "granite"): False}, None),
     "granitemoe shared expert": ("granitemoe", None, lambda n, q, d: None if "shexp" in n else (d, q)),
+    "phi3 partial RoPE": ("phi3", {key(Keys.Rope.DIMENSION_COUNT, "phi3"): 16}, None),
+    "phi3_longrope attention factor": ("phi3_longrope", {key(Keys.Rope.SCALING_ATTN_FACTOR, "phi3"): None}, None),
+    # an original context of 300: the 256 positions of a run take the short factors (llama-perplexity
+    # on this file at ctx 256: 2831.7734, ours 2831.7715; with the long ones 2568.2784 / 2568.2787)
+    "phi3_longrope long factors": ("phi3_longrope", {key(Keys.Rope.SCALING_ORIG_CTX_LEN, "phi3"): 300}, None),
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),

@@ -71,3 +71,16 @@ def test_the_older_linear_key_is_read(tiny_model, tmp_path):
         key(path, "{arch}.rope.scale_linear"): 4.0})
     ids = random_ids(n_rows=1)
     assert torch.equal(forward(old, ids), forward(path, ids))
+
+
+def test_longrope_takes_its_long_factors_past_the_context_llama_cpp_rounds_to_256():
+    """llama.cpp compares its context per sequence, rounded up to 256, with the original context:
+    250 tokens against 255 is 256 > 255, long factors (transformers would take the short ones)."""
+    from pipeline.model.arch.rope import RopeSpec, frequency_factors
+
+    short, long = (1.0, 1.0), (2.0, 4.0)
+    spec = RopeSpec(4, 10000.0, True, freq_factors=short, long_factors=long, long_after=255)
+    assert frequency_factors(spec, 250) == long
+    assert frequency_factors(RopeSpec(4, 10000.0, True, freq_factors=short, long_factors=long, long_after=256),
+                             250) == short
+    assert frequency_factors(RopeSpec(4, 10000.0, True, freq_factors=short), 10 ** 6) == short

@@ -20,6 +20,7 @@ from .mistral3 import Mistral3
 from .nemotron_h import NemotronH
 from .olmo2 import Olmo2
 from .olmoe import Olmoe
+from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen3VL
 from .qwen3next import Qwen3Next, Qwen35
 from .seed_oss import SeedOss
@@ -34,6 +35,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite,
+    "phi3": Phi3,
 }
 
 

@@ -283,6 +283,9 @@ class DecoderArch:
     def ffn(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         if spec.ffn == "moe":
             return self.moe(spec.index, t)
+        if self.fused_gate_up_mlp:
+            gate, up = t(MT.FFN_UP).chunk(2, dim=0)     # [2 ff, hidden], the gate's rows first
+            return MLP(up, t(MT.FFN_DOWN), gate, self.activation)
         return MLP(t(MT.FFN_UP), t(MT.FFN_DOWN), t(MT.FFN_GATE, required=False), self.activation,
                    t(MT.FFN_UP, "bias", required=False), t(MT.FFN_DOWN, "bias", required=False))
 

@@ -6,7 +6,6 @@ RoPE, as glm4moe's."""
 from gguf import MODEL_TENSOR as MT
 
 from .family import DecoderArch, LayerSpec
-from .ffn import MLP
 from .loading import BlockTensors
 from .modules import PrePostNormLayer
 
@@ -19,7 +18,3 @@ class Glm4(DecoderArch):
         return PrePostNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
                                 attn_post_norm=t(MT.ATTN_POST_NORM), ffn_norm=t(MT.FFN_NORM),
                                 ffn=self.ffn(spec, t), ffn_post_norm=t(MT.FFN_POST_NORM))
-
-    def ffn(self, spec: LayerSpec, t: BlockTensors) -> MLP:
-        gate, up = t(MT.FFN_UP).chunk(2, dim=0)     # diff: [2 ff, hidden], the gate's rows first
-        return MLP(up, t(MT.FFN_DOWN), gate, self.activation)

@@ -44,6 +44,20 @@ class RopeSpec:
     mscale: float = 1.0      # cos and sin multiplied by it (rope.scaling.attn_factor), without YaRN
     yarn: Yarn | None = None
     unrotated: tuple[int, ...] = ()   # rotation pairs whose angle is 0 (multi-axis RoPE's fourth axis, for text)
+    # LongRoPE (Phi-3): these factors instead of freq_factors for a context longer than long_after
+    long_factors: tuple[float, ...] | None = None
+    long_after: int = 0
+
+
+CONTEXT_PAD = 256   # llama.cpp rounds a sequence's context up to this before comparing it (n_ctx_seq)
+
+
+def frequency_factors(spec: RopeSpec, n_pos: int) -> tuple[float, ...] | None:
+    """The factors that divide the frequencies for sequences of n_pos tokens: LongRoPE's long ones
+    where llama.cpp's context per sequence (n_pos rounded up to CONTEXT_PAD) passes long_after."""
+    if spec.long_factors is not None and -(-n_pos // CONTEXT_PAD) * CONTEXT_PAD > spec.long_after:
+        return spec.long_factors
+    return spec.freq_factors
 
 
 def text_unrotated_pairs(sections: list[int], n_pairs: int, interleaved: bool) -> tuple[int, ...]:
@@ -75,8 +89,8 @@ def yarn_corr_dims(dim: int, n_ctx_orig: int, base: float, beta_fast: float, bet
 def rope_tables(spec: RopeSpec, n_pos: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape [n_pos, dim / 2], computed in float64."""
     inv = spec.base ** (-torch.arange(0, spec.dim, 2, dtype=torch.float64) / spec.dim)    # [dim / 2]
-    if spec.freq_factors is not None:
-        inv = inv / torch.tensor(spec.freq_factors, dtype=torch.float64)
+    if (factors := frequency_factors(spec, n_pos)) is not None:
+        inv = inv / torch.tensor(factors, dtype=torch.float64)
     if spec.unrotated:
         inv[list(spec.unrotated)] = 0.0
     pos = torch.arange(n_pos, dtype=torch.float64)
