@@ -325,6 +325,16 @@ SPECS = {
                              long_factor=[1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0],
                              short_factor=[1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0])),
         special_tokens=PHI3_TOKENS),
+    # Command R: parallel blocks over one LayerNorm, logit scale
+    "command-r": Spec("CohereConfig", _common(intermediate_size=96, num_hidden_layers=3, logit_scale=1.5)
+                      | dict(tie_word_embeddings=True)),
+    # Command R+'s per-head LayerNorm QK-norm, which llama.cpp reads at 64 layers only
+    "command-r-plus": Spec("CohereConfig", _common(intermediate_size=32, num_hidden_layers=64, use_qk_norm=True,
+                                                   logit_scale=1.5) | dict(tie_word_embeddings=True)),
+    # Command R7B: a window of 32 on three layers of four, RoPE on those only
+    "cohere2": Spec("Cohere2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
+                                             logit_scale=1.5) | dict(tie_word_embeddings=True),
+                    raw_config={"rotary_pct": 1.0}),
     # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
     # heads (llama.cpp's loader takes no other K-norm)
     "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,

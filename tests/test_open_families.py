@@ -12,7 +12,8 @@ unrotated unrotated there too: hf_models.unrotate_fourth_axis), gpt-oss 1.6e-4, 
 ernie4_5-moe 1.2e-4 (one position; the others within 4e-5), smollm3 1.1e-4, olmo2 1.4e-5,
 olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and its 64-layer
 (32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5, granite 3.6e-5,
-granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4."""
+granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4,
+command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5."""
 import math
 import re
 from dataclasses import replace
@@ -61,7 +62,7 @@ def zeroed(suffix: str | tuple[str, ...]):
     return lambda n, q, d: (np.zeros_like(d), q) if n.endswith(suffix) else (d, q)
 
 
-def dropped(suffix: str):
+def dropped(suffix: str | tuple[str, ...]):
     return lambda n, q, d: None if n.endswith(suffix) else (d, q)
 
 
@@ -111,6 +112,9 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     # an original context of 300: the 256 positions of a run take the short factors (llama-perplexity
     # on this file at ctx 256: 2831.7734, ours 2831.7715; with the long ones 2568.2784 / 2568.2787)
     "phi3_longrope long factors": ("phi3_longrope", {key(Keys.Rope.SCALING_ORIG_CTX_LEN, "phi3"): 300}, None),
+    "command-r logit scale": ("command-r", {key(Keys.LLM.LOGIT_SCALE, "command-r"): None}, None),
+    "command-r-plus QK-norm": ("command-r-plus", None, dropped(("attn_q_norm.weight", "attn_k_norm.weight"))),
+    "cohere2 sliding window": ("cohere2", {key(Keys.Attention.SLIDING_WINDOW, "cohere2"): 1024}, None),
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
@@ -254,6 +258,18 @@ def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, m
             arch.load_layer(i, "cpu", torch.float32)
 
 
+def meets_transformers(model, path, ids, atol: float, bfloat16_nats: float) -> None:
+    """The GGUF's float32 logits within `atol` of the Hugging Face model's, and its bfloat16 NLL
+    within `bfloat16_nats` of its float32 one."""
+    ours = forward(path, ids)
+    with torch.inference_mode():
+        ref = model(ids).logits
+    assert (ours - ref).abs().max().item() < atol
+    rounded = forward(path, ids, torch.bfloat16)
+    nlls = [F.cross_entropy(x[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item() for x in (ours, rounded)]
+    assert abs(nlls[1] - nlls[0]) <= bfloat16_nats
+
+
 def test_exaone4_slides_and_drops_rope_at_the_32b_size_only(tiny_model):
     """llama.cpp gives EXAONE 4.0's 64-layer size (the 32B) a sliding window on three layers of
     four and no RoPE on the fourth; transformers computes the same for this config, so the
@@ -264,11 +280,13 @@ def test_exaone4_slides_and_drops_rope_at_the_32b_size_only(tiny_model):
     assert [s.attention.rope is None for s in arch.specs[:8]] == [False, False, False, True] * 2
     small = load_architecture(GGUFIndex(tiny_model("exaone4")[1]))
     assert all(s.attention.span is None and s.attention.rope is not None for s in small.specs)
-    ids = random_ids()
-    ours = forward(path, ids)
-    with torch.inference_mode():
-        ref = model(ids).logits
-    assert (ours - ref).abs().max().item() < 2e-4                    # measured 2.0e-5
-    rounded = forward(path, ids, torch.bfloat16)
-    nlls = [F.cross_entropy(x[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item() for x in (ours, rounded)]
-    assert abs(nlls[1] - nlls[0]) <= 0.011                           # measured 0.0051
+    meets_transformers(model, path, random_ids(), 2e-4, 0.011)      # measured 2.0e-5 and 0.0051
+
+
+def test_command_r_plus_norms_each_head_by_its_own_layer_norm(tiny_model):
+    """Command R+'s QK-norm (which llama.cpp reads at 64 layers): a LayerNorm per head with weights
+    of its own, [heads, head size]."""
+    model, path = tiny_model("command-r-plus")
+    layer = load_architecture(GGUFIndex(path)).layer_shapes(0, torch.float32)
+    assert tuple(layer.attention.q_norm.shape) == (4, 16) and tuple(layer.attention.k_norm.shape) == (2, 16)
+    meets_transformers(model, path, random_ids(), 2e-4, 0.016)      # measured 7.9e-5 and 0.0077

@@ -55,6 +55,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     return (xf if weight is None else xf * weight).to(x.dtype)
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    # mean-subtracted LayerNorm over the last axis, without bias (ggml's LLM_NORM), in float32 (or
+    # wider); `weight` broadcasts over the leading axes (Cohere's per-head QK-norm weights [H, D])
+    xf = wide(x)
+    xf = xf - xf.mean(-1, keepdim=True)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf if weight is None else xf * weight).to(x.dtype)
+
+
 def causal_mask(n: int, span: int | None, device, chunk: int | None = None) -> torch.Tensor | None:
     """Boolean [T, T] mask (True = attend) for sliding-window attention over the `span` latest
     positions, or chunked attention (each position sees the earlier ones of its `chunk`-long
@@ -132,7 +141,7 @@ class Attention(Weights):
         k = k.view(B, T, s.n_kv, s.key_dim)
         v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, s.n_kv, s.value_dim)
         if "q_norm" in w and not s.qk_norm_across_heads:
-            q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
+            q, k = self.head_norm(q, w["q_norm"]), self.head_norm(k, w["k_norm"])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if s.rope is not None:
             cos, sin = tables.rope(s.rope)
@@ -146,6 +155,11 @@ class Attention(Weights):
         if s.gated:
             y = y * torch.sigmoid(gate)
         return F.linear(y, w["o"], w.get("o_bias"))
+
+    def head_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Each head of x [B, T, heads, D] normed (QK-norm per head): RMSNorm; a family's attention
+        overrides it."""
+        return rms_norm(x, weight, self.eps)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
         """softmax(scale q.k + mask) v: q [B, H, T, key_dim], k [B, KV, T, key_dim], v [B, KV, T,

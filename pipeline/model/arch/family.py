@@ -22,7 +22,7 @@ from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
 from ..weight_block import WeightBlock
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, never, refuse_settings_not_computed
-from .blocks import Attention, AttentionSpec
+from .blocks import Attention, AttentionSpec, rms_norm
 from .experts import HeldExperts, SlicedExperts, expert_tensor_names, split_gate_up
 from .ffn import MLP, MoE, Routing
 from .loading import BlockTensors, ShapeTensors, read_tensor
@@ -73,6 +73,7 @@ class DecoderArch:
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
+    norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
 
     def __init__(self, gguf: GGUFIndex):
@@ -229,6 +230,13 @@ class DecoderArch:
             extra += 3 * 4 * batch * n_head * ctx * ctx
         return extra
 
+    def qk_norm_shapes(self, a: AttentionSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The shapes of a layer's attn_q_norm and attn_k_norm weights: over all heads at once, or
+        one key_length weight that every head shares."""
+        if a.qk_norm_across_heads:
+            return (a.n_head * a.key_dim,), (a.n_kv * a.key_dim,)
+        return (a.key_dim,), (a.key_dim,)
+
     def masked_layers(self, ctx: int) -> list[AttentionSpec]:
         """The attention layers whose window or chunk is shorter than ctx: each needs a boolean
         [ctx, ctx] mask."""
@@ -377,7 +385,7 @@ class DecoderArch:
             out = TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"
         norm_name = TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight"
         norm = read_tensor(self.gguf, norm_name, device, self.held_dtype(norm_name, dtype))
-        return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps, self.finish_logits)
+        return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps, self.finish_logits, self.norm)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """How the family's graph ends: float32 logits [N, S] of a vocabulary slice -> the logits

@@ -87,14 +87,15 @@ class PostNormLayer(Layer):
 
 class Head(Weights):
     """Final norm + LM head: hidden [N, hidden] -> float32 logits [N, vocab], ended by the
-    family's `finish` (DecoderArch.finish_logits; None: as they are)."""
+    family's `finish` (DecoderArch.finish_logits; None: as they are); the norm is `normalize`
+    (RMSNorm, or the family's)."""
 
-    def __init__(self, norm: torch.Tensor, weight: torch.Tensor, eps: float, finish=None):
+    def __init__(self, norm: torch.Tensor, weight: torch.Tensor, eps: float, finish=None, normalize=rms_norm):
         super().__init__({"norm": norm, "weight": weight})
-        self.eps, self.finish = eps, finish
+        self.eps, self.finish, self.normalize = eps, finish, normalize
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.logits(rms_norm(x.float(), self.norm, self.eps), self.weight)
+        return self.logits(self.normalize(x.float(), self.norm, self.eps), self.weight)
 
     def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # float32 logits, accumulated in float32 from 16-bit weights too (logits rounded to
@@ -106,7 +107,7 @@ class Head(Weights):
         """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
         so that all N x vocab logits never exist at once. With 16-bit weights a slice's float32
         copy is at most WIDENED_SLICE_BYTES, which narrows the slices of a wide model."""
-        normed = rms_norm(x.float(), self.norm, self.eps)                   # [N, hidden] float32
+        normed = self.normalize(x.float(), self.norm, self.eps)             # [N, hidden] float32
         if self.weight.dtype.itemsize < 4:
             width = min(width, max(1, WIDENED_SLICE_BYTES // (4 * self.weight.shape[1])))
         for start in range(0, self.weight.shape[0], width):

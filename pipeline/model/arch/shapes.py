@@ -74,12 +74,11 @@ def expect_layer(arch, spec) -> None:
             expect(arch, name(kind, "bias"), (rows,), why)
         expect(arch, name(MT.ATTN_OUT), (hidden, a.n_head * a.value_dim), "embedding_length x heads x value_length",
                required=True)
-        if a.qk_norm_across_heads:
-            expect(arch, name(MT.ATTN_Q_NORM), (a.n_head * a.key_dim,), "head_count x key_length", required=True)
-            expect(arch, name(MT.ATTN_K_NORM), (a.n_kv * a.key_dim,), "head_count_kv x key_length", required=True)
-        else:
-            for kind in (MT.ATTN_Q_NORM, MT.ATTN_K_NORM):
-                expect(arch, name(kind), (a.key_dim,), "key_length")
+        q_norm, k_norm = arch.qk_norm_shapes(a)
+        expect(arch, name(MT.ATTN_Q_NORM), q_norm, "the family's QK-norm of head_count x key_length",
+               required=a.qk_norm_across_heads)
+        expect(arch, name(MT.ATTN_K_NORM), k_norm, "the family's QK-norm of head_count_kv x key_length",
+               required=a.qk_norm_across_heads)
         expect(arch, name(MT.ATTN_SINKS), (a.n_head,), "head_count")
     if spec.ffn == "mlp":
         ff = arch.gguf.tensors[name(MT.FFN_UP)].shape[0] if name(MT.FFN_UP) in arch.gguf.tensors else 0
