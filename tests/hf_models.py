@@ -335,6 +335,16 @@ SPECS = {
     "cohere2": Spec("Cohere2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
                                              logit_scale=1.5) | dict(tie_word_embeddings=True),
                     raw_config={"rotary_pct": 1.0}),
+    # LFM2: short convolutions on layers 0, 1 and 3, attention with QK-norm on layer 2
+    "lfm2": Spec("Lfm2Config", _common(intermediate_size=96, num_hidden_layers=4, conv_L_cache=3,
+                                       layer_types=["conv", "conv", "full_attention", "conv"],
+                                       block_auto_adjust_ff_dim=False) | dict(tie_word_embeddings=True)),
+    # LFM2-MoE: one dense block, then sigmoid-routed top-2 of 4 experts with a selection bias
+    "lfm2moe": Spec("Lfm2MoeConfig", _common(intermediate_size=96, num_hidden_layers=4, conv_L_cache=3,
+                                             layer_types=["conv", "conv", "full_attention", "conv"],
+                                             num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                                             moe_intermediate_size=32, use_expert_bias=True, norm_topk_prob=True)
+                    | dict(tie_word_embeddings=True)),
     # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
     # heads (llama.cpp's loader takes no other K-norm)
     "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,

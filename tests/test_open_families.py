@@ -13,7 +13,8 @@ ernie4_5-moe 1.2e-4 (one position; the others within 4e-5), smollm3 1.1e-4, olmo
 olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and its 64-layer
 (32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5, granite 3.6e-5,
 granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4,
-command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5."""
+command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5, lfm2
+3.6e-6, lfm2moe 1.1e-5."""
 import math
 import re
 from dataclasses import replace
@@ -115,6 +116,8 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "command-r logit scale": ("command-r", {key(Keys.LLM.LOGIT_SCALE, "command-r"): None}, None),
     "command-r-plus QK-norm": ("command-r-plus", None, dropped(("attn_q_norm.weight", "attn_k_norm.weight"))),
     "cohere2 sliding window": ("cohere2", {key(Keys.Attention.SLIDING_WINDOW, "cohere2"): 1024}, None),
+    "lfm2moe sigmoid routing": ("lfm2moe", {key(Keys.LLM.EXPERT_GATING_FUNC, "lfm2moe"): 1}, None),
+    "lfm2moe selection bias": ("lfm2moe", None, zeroed("exp_probs_b.bias")),
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),

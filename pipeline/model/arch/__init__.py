@@ -14,6 +14,7 @@ from .glm4 import Glm4
 from .glm4moe import Glm4Moe
 from .gpt_oss import GptOss
 from .granite import Granite
+from .lfm2 import Lfm2
 from .llama import Llama
 from .llama4 import Llama4
 from .minimax_m2 import MinimaxM2
@@ -37,6 +38,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2,
+    "lfm2": Lfm2, "lfm2moe": Lfm2,
 }
 
 

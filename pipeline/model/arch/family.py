@@ -37,7 +37,7 @@ MT = MODEL_TENSOR
 class LayerSpec:
     """What one layer computes, read from the metadata once."""
     index: int
-    mixer: str                                # "attention", "mamba2", "delta_net"; "": none
+    mixer: str                                # "attention", "mamba2", "delta_net", "shortconv"; "": none
     ffn: str                                  # "mlp", "moe"; "": none
     attention: AttentionSpec | None = None    # where the mixer is attention
 
@@ -74,6 +74,7 @@ class DecoderArch:
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
+    output_norm = MT.OUTPUT_NORM            # the final norm's tensor
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
 
     def __init__(self, gguf: GGUFIndex):
@@ -192,14 +193,15 @@ class DecoderArch:
     def activation_floats(self, i: int) -> int:
         """Float32 values per token that layer i's forward holds at its peak, from what the layer has
         (measured on the CPU for dense, MoE, attention-only and Mamba2 layers: tests/test_memory.py):
-        the residual stream, 2.5 x hidden; an attention, twice its widest projection; a dense or
-        shared MLP, twice its width; routed experts, 2 x hidden and 8 per expert (router logits,
-        probabilities, the sort); a recurrent mixer, 9 x its widest projection (its blockwise scan)."""
+        the residual stream, 2.5 x hidden; an attention or a short convolution, twice its widest
+        projection; a dense or shared MLP, twice its width; routed experts, 2 x hidden and 8 per
+        expert (router logits, probabilities, the sort); a recurrent mixer, 9 x its widest
+        projection (its blockwise scan)."""
         rows: dict[str, int] = {}
         for t in self.gguf.layer_tensors(i):
             kind = t.name.split(".")[2]
             if len(t.shape) >= 2:
-                group = ("ssm" if kind.startswith("ssm_") else "attn" if kind.startswith("attn_") else
+                group = ("ssm" if kind.startswith("ssm_") else "attn" if kind.startswith(("attn_", "shortconv")) else
                          "experts" if kind.endswith("_exps") else "router" if kind == "ffn_gate_inp" else
                          "mlp" if kind.startswith("ffn_") else "other")
                 rows[group] = max(rows.get(group, 0), t.shape[-2])
@@ -383,7 +385,7 @@ class DecoderArch:
         out = TENSOR_NAMES[MT.OUTPUT] + ".weight"
         if out not in self.gguf.tensors:  # tied embeddings
             out = TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight"
-        norm_name = TENSOR_NAMES[MT.OUTPUT_NORM] + ".weight"
+        norm_name = TENSOR_NAMES[self.output_norm] + ".weight"
         norm = read_tensor(self.gguf, norm_name, device, self.held_dtype(norm_name, dtype))
         return Head(norm, read_tensor(self.gguf, out, device, dtype), self.hp.eps, self.finish_logits, self.norm)
 
