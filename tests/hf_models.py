@@ -345,6 +345,15 @@ SPECS = {
                                              num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
                                              moe_intermediate_size=32, use_expert_bias=True, norm_topk_prob=True)
                     | dict(tie_word_embeddings=True)),
+    # Granite 4.0-H: Mamba2 on layers 0, 1 and 3 (4 heads in 2 groups), attention without RoPE on
+    # layer 2, softmax top-2 of 4 experts beside a shared expert, the multipliers
+    "granitehybrid": Spec("GraniteMoeHybridConfig", _common(
+        intermediate_size=32, num_hidden_layers=4, layer_types=["mamba", "mamba", "attention", "mamba"],
+        mamba_n_heads=8, mamba_n_groups=2, mamba_d_state=16, mamba_d_head=16, mamba_d_conv=4, mamba_expand=2,
+        num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=48, position_embedding_type="nope",
+        embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=0.8),
+        # the layer names of the published config.json, which the converter reads (transformers renames them)
+        raw_config={"layer_types": ["mamba", "mamba", "attention", "mamba"]}),
     # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
     # heads (llama.cpp's loader takes no other K-norm)
     "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,

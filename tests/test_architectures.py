@@ -19,11 +19,12 @@ ARCHS = ["qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35moe", "ne
          "deepseek2", "deepseek2_lite", "glm4moe", "mistral3", "mistral4", "qwen3vl", "qwen3vlmoe",
          "gpt-oss", "minimax-m2", "llama4", "ernie4_5-moe", "smollm3", "olmo2", "olmo3", "seed_oss",
          "qwen2moe", "glm4", "exaone4", "olmoe", "gemma2", "granite", "granitemoe",
-         "phi3", "phi3_longrope", "command-r", "cohere2", "lfm2", "lfm2moe"]
+         "phi3", "phi3_longrope", "command-r", "cohere2", "lfm2", "lfm2moe",
+         "granitehybrid"]
 # the largest open families, each also placed with --gpu-layers
 SPLIT = ["deepseek2", "glm4moe", "mistral3", "qwen3vlmoe", "gpt-oss", "minimax-m2", "llama4",
          "ernie4_5-moe", "olmo3", "qwen2moe", "gemma2", "granitemoe"]
-HYBRIDS = ["qwen3next", "qwen35", "nemotron_h", "lfm2"]
+HYBRIDS = ["qwen3next", "qwen35", "nemotron_h", "lfm2", "granitehybrid"]
 EXPECTED_ARCH = {"mixtral": "llama", "deepseek2_lite": "deepseek2", "olmo3": "olmo2", "phi3_longrope": "phi3"}
 # Both sides compute float32 over the same float32 weights; they differ by rounding order.
 # Measured max |diff| on logits of magnitude ~10: <= 5e-5 for attention/Mamba2 models, up to
@@ -180,7 +181,7 @@ def test_a_window_holds_only_its_layers_weights(name, tiny_model, tmp_path):
 # 0.0064, qwen2moe 0.0104, glm4 0.0011, exaone4 0.0009,
 # olmoe 0.0187, gemma2 0.0012, granite 0.0027, granitemoe 0.0017,
 # phi3 0.0074, phi3_longrope 0.0029, command-r 0.0058, cohere2 0.0089,
-# lfm2 0.0009, lfm2moe 0.0002.
+# lfm2 0.0009, lfm2moe 0.0002, granitehybrid 0.0126.
 BFLOAT16_NATS = {"qwen3": 0.004, "qwen3moe": 0.007, "mixtral": 0.03, "qwen3next": 0.004, "qwen35": 0.025,
                  "qwen35moe": 0.004, "nemotron_h": 0.005, "nemotron_h_moe": 0.004, "deepseek2": 0.055,
                  "deepseek2_lite": 0.02, "glm4moe": 0.037, "mistral3": 0.009, "mistral4": 0.011,
@@ -190,7 +191,7 @@ BFLOAT16_NATS = {"qwen3": 0.004, "qwen3moe": 0.007, "mixtral": 0.03, "qwen3next"
                  "qwen2moe": 0.021, "glm4": 0.004, "exaone4": 0.004,
                  "olmoe": 0.038, "gemma2": 0.004, "granite": 0.006, "granitemoe": 0.004,
                  "phi3": 0.015, "phi3_longrope": 0.006, "command-r": 0.012, "cohere2": 0.018,
-                 "lfm2": 0.004, "lfm2moe": 0.004}
+                 "lfm2": 0.004, "lfm2moe": 0.004, "granitehybrid": 0.026}
 
 
 @pytest.mark.parametrize("name", ARCHS)

@@ -14,7 +14,7 @@ olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and 
 (32B-shaped) file 2.0e-5, olmoe 5.1e-5, gemma2 1.1e-5, granite 3.6e-5,
 granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4,
 command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5, lfm2
-3.6e-6, lfm2moe 1.1e-5."""
+3.6e-6, lfm2moe 1.1e-5, granitehybrid 7.8e-5."""
 import math
 import re
 from dataclasses import replace
@@ -107,6 +107,7 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     # llama.cpp reads rope.scaling.finetuned = false as no RoPE on any layer (its llama-perplexity
     # gives this file 8185.0648, ours 8185.0637)
     "granite RoPE": ("granite", {key(Keys.Rope.SCALING_FINETUNED, "granite"): False}, None),
+    "granitehybrid residual multiplier": ("granitehybrid", {key(Keys.LLM.RESIDUAL_SCALE, "granitehybrid"): None}, None),
     "granitemoe shared expert": ("granitemoe", None, lambda n, q, d: None if "shexp" in n else (d, q)),
     "phi3 partial RoPE": ("phi3", {key(Keys.Rope.DIMENSION_COUNT, "phi3"): 16}, None),
     "phi3_longrope attention factor": ("phi3_longrope", {key(Keys.Rope.SCALING_ATTN_FACTOR, "phi3"): None}, None),

@@ -13,7 +13,7 @@ from .gemma3 import Gemma3
 from .glm4 import Glm4
 from .glm4moe import Glm4Moe
 from .gpt_oss import GptOss
-from .granite import Granite
+from .granite import Granite, GraniteHybrid
 from .lfm2 import Lfm2
 from .llama import Llama
 from .llama4 import Llama4
@@ -36,7 +36,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
-    "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite,
+    "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2,
     "lfm2": Lfm2, "lfm2moe": Lfm2,
 }

@@ -1,20 +1,24 @@
-"""granite, granitemoe (Granite 3.x, Granite MoE and MoE-Shared): llama's layer with IBM's
+"""granite, granitemoe, granitehybrid (Granite 3.x, Granite MoE and MoE-Shared, Granite 4.0-H):
+llama's layer with IBM's
 multipliers: the embedding scaled by embedding_scale, each block's output by residual_scale
 before it joins the stream, Q.K by attention.scale, the logits divided by logit_scale (which
 llama.cpp requires); a granitemoe layer's FFN is softmax-routed experts (top-k renormalised)
 beside a shared expert where the file has one. A granite file whose rope.scaling.finetuned is
 false has no RoPE on any layer, as llama.cpp reads it. One graph for both, llama.cpp's
-llm_build_granite."""
+llm_build_granite. granitehybrid's layers without KV heads mix tokens by Mamba2 (as
+nemotron_h's), the others by attention; its logit scale may be left out (logits as they are)."""
 from dataclasses import replace
 
 import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
+from torch import nn
 
 from .blocks import AttentionSpec
-from .family import DecoderArch, LayerSpec
+from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .loading import BlockTensors
 from .modules import Layer
+from .ssm import MAMBA2_FLOAT32_TENSORS, read_mamba2
 
 DEEPSTACK_MAPPING = "{arch}.deepstack_mapping"   # Granite 4 Vision's: image features fed into layers
 
@@ -22,8 +26,8 @@ DEEPSTACK_MAPPING = "{arch}.deepstack_mapping"   # Granite 4 Vision's: image fea
 class GraniteLayer(Layer):
     """llama.cpp's llm_build_granite: pre-norm blocks whose outputs are scaled before they join."""
 
-    def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
-        h = x + self.attention(self.norm(x, self.attn_norm), tables) * self.residual_scale
+    def forward(self, x: torch.Tensor, tables, state: dict | None = None) -> torch.Tensor:
+        h = x + self.mixer(self.norm(x, self.attn_norm), tables, state) * self.residual_scale
         return h + self.ffn(self.norm(h, self.ffn_norm)) * self.residual_scale
 
 
@@ -40,7 +44,7 @@ class Granite(DecoderArch):
         return super().settings_not_computed() | {DEEPSTACK_MAPPING: lambda v: False}
 
     def layer(self, spec: LayerSpec, t: BlockTensors) -> GraniteLayer:
-        layer = GraniteLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
+        layer = GraniteLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), mixer=self.mixer(spec, t),
                              ffn_norm=t(MT.FFN_NORM), ffn=self.ffn(spec, t))
         layer.residual_scale = self.residual_scale
         return layer
@@ -55,3 +59,19 @@ class Granite(DecoderArch):
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * (1.0 / float(self.key(Keys.LLM.LOGIT_SCALE)))   # diff: divided by logit_scale
+
+
+class GraniteHybrid(Granite):
+    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS
+
+    def layer_spec(self, i: int) -> LayerSpec:
+        if self.layer_key(Keys.Attention.HEAD_COUNT_KV, i) == 0:
+            return LayerSpec(i, "mamba2", self.ffn_kind(i))
+        return super().layer_spec(i)
+
+    def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
+        return read_mamba2(self, t) if spec.mixer == "mamba2" else super().mixer(spec, t)
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        scale = float(self.key(Keys.LLM.LOGIT_SCALE, 0.0))   # 0 or none: as they are
+        return logits * (1.0 / scale) if scale else logits

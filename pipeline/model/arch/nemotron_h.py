@@ -14,7 +14,7 @@ from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .ffn import relu2
 from .loading import BlockTensors
 from .modules import Layer
-from .ssm import MAMBA2_FLOAT32_TENSORS, Mamba2
+from .ssm import MAMBA2_FLOAT32_TENSORS, read_mamba2
 
 
 class NemotronHLayer(Layer):
@@ -54,11 +54,4 @@ class NemotronH(DecoderArch):
         return self.weights_norm_in_file()
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
-        return self.mamba2(t) if spec.mixer == "mamba2" else super().mixer(spec, t)
-
-    def mamba2(self, t: BlockTensors) -> Mamba2:
-        w = {"in": t(MT.SSM_IN), "conv": t(MT.SSM_CONV1D), "conv_bias": t(MT.SSM_CONV1D, "bias", required=False),
-             "dt_bias": t(MT.SSM_DT, "bias"), "A": t(MT.SSM_A, None), "D": t(MT.SSM_D, None),
-             "norm": t(MT.SSM_NORM), "out": t(MT.SSM_OUT)}
-        return Mamba2(w, n_head=int(self.key(Keys.SSM.TIME_STEP_RANK)), n_group=int(self.key(Keys.SSM.GROUP_COUNT)),
-                      d_state=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps)
+        return read_mamba2(self, t) if spec.mixer == "mamba2" else super().mixer(spec, t)

@@ -7,6 +7,8 @@ Scans run in float32 (or wider) whatever the compute dtype.
 """
 import torch
 import torch.nn.functional as F
+from gguf import MODEL_TENSOR as MT
+from gguf import Keys
 
 from .blocks import Weights, rms_norm, wide
 
@@ -126,3 +128,13 @@ class Mamba2(Weights):
         if state is not None:
             state["conv"], state["ssm"] = conv_state, ssm_state
         return F.linear(y, w["out"])
+
+
+def read_mamba2(arch, t) -> Mamba2:
+    """A Mamba2 mixer of family `arch` from block tensors `t` (loading.BlockTensors), as llama.cpp's
+    llm_build_mamba_base reads it for every family that has one."""
+    w = {"in": t(MT.SSM_IN), "conv": t(MT.SSM_CONV1D), "conv_bias": t(MT.SSM_CONV1D, "bias", required=False),
+         "dt_bias": t(MT.SSM_DT, "bias"), "A": t(MT.SSM_A, None), "D": t(MT.SSM_D, None),
+         "norm": t(MT.SSM_NORM), "out": t(MT.SSM_OUT)}
+    return Mamba2(w, n_head=int(arch.key(Keys.SSM.TIME_STEP_RANK)), n_group=int(arch.key(Keys.SSM.GROUP_COUNT)),
+                  d_state=int(arch.key(Keys.SSM.STATE_SIZE)), eps=arch.hp.eps)
