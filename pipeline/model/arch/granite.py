@@ -26,6 +26,9 @@ DEEPSTACK_MAPPING = "{arch}.deepstack_mapping"   # Granite 4 Vision's: image fea
 class GraniteLayer(Layer):
     """llama.cpp's llm_build_granite: pre-norm blocks whose outputs are scaled before they join."""
 
+    def describe(self) -> str:
+        return f"{super().describe()}, residual scale={self.residual_scale:g}"
+
     def forward(self, x: torch.Tensor, tables, state: dict | None = None) -> torch.Tensor:
         h = x + self.mixer(self.norm(x, self.attn_norm), tables, state) * self.residual_scale
         return h + self.ffn(self.norm(h, self.ffn_norm)) * self.residual_scale
