@@ -354,6 +354,14 @@ SPECS = {
         embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=0.8),
         # the layer names of the published config.json, which the converter reads (transformers renames them)
         raw_config={"layer_types": ["mamba", "mamba", "attention", "mamba"]}),
+    # Falcon-H1: attention and Mamba2 (4 heads of 16 in 2 groups, no grouped norm) side by side; every
+    # multiplier away from 1, so that the converter's folding of them shows
+    "falcon-h1": Spec("FalconH1Config", _common(
+        intermediate_size=96, num_hidden_layers=3, mamba_d_ssm=64, mamba_n_heads=4, mamba_d_head=16,
+        mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_rms_norm=False, embedding_multiplier=2.0,
+        lm_head_multiplier=1.0, mlp_multipliers=[0.8, 1.2], key_multiplier=0.7, attention_in_multiplier=1.3,
+        attention_out_multiplier=0.9, ssm_multipliers=[1.1, 0.9, 1.2, 0.8, 1.05], ssm_in_multiplier=1.1,
+        ssm_out_multiplier=0.8)),
     # OLMoE: QK-norm over all heads, softmax top-2 of 4 experts not renormalised; as many KV heads as
     # heads (llama.cpp's loader takes no other K-norm)
     "olmoe": Spec("OlmoeConfig", _common(intermediate_size=32, num_hidden_layers=3, num_experts=4,

@@ -7,6 +7,7 @@ from .cohere import Cohere2, CommandR
 from .deepseek2 import Deepseek2
 from .ernie4_5_moe import Ernie45Moe
 from .exaone4 import Exaone4
+from .falcon_h1 import FalconH1
 from .family import DecoderArch
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
@@ -38,7 +39,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2,
-    "lfm2": Lfm2, "lfm2moe": Lfm2,
+    "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1,
 }
 
 

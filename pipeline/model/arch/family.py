@@ -37,7 +37,8 @@ MT = MODEL_TENSOR
 class LayerSpec:
     """What one layer computes, read from the metadata once."""
     index: int
-    mixer: str                                # "attention", "mamba2", "delta_net", "shortconv"; "": none
+    mixer: str                                # "attention", "mamba2", "delta_net", "shortconv",
+    #                                           "attention+mamba2" (side by side); "": none
     ffn: str                                  # "mlp", "moe"; "": none
     attention: AttentionSpec | None = None    # where the mixer is attention
 

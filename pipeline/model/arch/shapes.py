@@ -59,7 +59,7 @@ def expect_layer(arch, spec) -> None:
         return f"{TENSOR_NAMES[kind].format(bid=spec.index)}.{suffix}"
 
     a = spec.attention
-    if spec.mixer == "attention":
+    if spec.mixer in ("attention", "attention+mamba2"):
         if a.n_head <= 0 or a.n_kv <= 0 or a.n_head % a.n_kv or a.key_dim <= 0 or a.value_dim <= 0:
             raise UserError(f"{arch.gguf.path}: layer {spec.index} has {a.n_head} heads, {a.n_kv} KV heads, "
                             f"head sizes {a.key_dim} / {a.value_dim}: not an attention layer")

@@ -124,17 +124,20 @@ class Mamba2(Weights):
         y, ssm_state = ssd_blockwise(xs, dt, wide(w["A"]).view(h), Bm, Cm, (state or {}).get("ssm"))
         y = y + xs * wide(w["D"]).view(h, 1)
         y = (y.reshape(Bsz, T, d) * F.silu(wide(z))).view(Bsz, T, g, d // g)
-        y = rms_norm(y, wide(w["norm"]), self.eps).reshape(Bsz, T, d).to(x.dtype)
+        if "norm" in w:                                                     # grouped RMSNorm (Falcon-H1 may have none)
+            y = rms_norm(y, wide(w["norm"]), self.eps)
+        y = y.reshape(Bsz, T, d).to(x.dtype)
         if state is not None:
             state["conv"], state["ssm"] = conv_state, ssm_state
         return F.linear(y, w["out"])
 
 
-def read_mamba2(arch, t) -> Mamba2:
+def read_mamba2(arch, t, norm_required: bool = True) -> Mamba2:
     """A Mamba2 mixer of family `arch` from block tensors `t` (loading.BlockTensors), as llama.cpp's
-    llm_build_mamba_base reads it for every family that has one."""
+    llm_build_mamba_base reads it for every family that has one; the grouped norm after the gate
+    where the family requires it or the file has it."""
     w = {"in": t(MT.SSM_IN), "conv": t(MT.SSM_CONV1D), "conv_bias": t(MT.SSM_CONV1D, "bias", required=False),
          "dt_bias": t(MT.SSM_DT, "bias"), "A": t(MT.SSM_A, None), "D": t(MT.SSM_D, None),
-         "norm": t(MT.SSM_NORM), "out": t(MT.SSM_OUT)}
+         "norm": t(MT.SSM_NORM, required=norm_required), "out": t(MT.SSM_OUT)}
     return Mamba2(w, n_head=int(arch.key(Keys.SSM.TIME_STEP_RANK)), n_group=int(arch.key(Keys.SSM.GROUP_COUNT)),
                   d_state=int(arch.key(Keys.SSM.STATE_SIZE)), eps=arch.hp.eps)
