@@ -38,6 +38,10 @@ class CommandR(DecoderArch):
     norm = staticmethod(layer_norm)
     honours = frozenset({Keys.LLM.LOGIT_SCALE})
 
+    def __init__(self, gguf):
+        super().__init__(gguf)
+        self.logit_scale = float(self.key(Keys.LLM.LOGIT_SCALE, 0.0))   # 0 or none: logits as they are
+
     def rms_eps(self) -> float:
         return float(self.key(Keys.Attention.LAYERNORM_EPS))   # diff: LayerNorm's epsilon
 
@@ -52,8 +56,7 @@ class CommandR(DecoderArch):
         return (a.n_head, a.key_dim), (a.n_kv, a.key_dim)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        scale = float(self.key(Keys.LLM.LOGIT_SCALE, 0.0))   # 0 or none: as they are
-        return logits * scale if scale else logits
+        return logits * self.logit_scale if self.logit_scale else logits
 
 
 class Cohere2(CommandR):

@@ -22,7 +22,7 @@ from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
 from ..weight_block import WeightBlock
 from .audit import GATING_CODES, NEUTRAL, close_to, equals, never, refuse_settings_not_computed
-from .blocks import Attention, AttentionSpec, rms_norm
+from .blocks import Attention, AttentionSpec, blockwise_score_bytes, rms_norm
 from .experts import HeldExperts, SlicedExperts, expert_tensor_names, split_gate_up
 from .ffn import MLP, MoE, Routing
 from .loading import BlockTensors, ShapeTensors, read_tensor
@@ -74,6 +74,7 @@ class DecoderArch:
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
+    blockwise_scores = False                # its attention forms the scores outside SDPA (blocks.BlockwiseAttention)
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     output_norm = MT.OUTPUT_NORM            # the final norm's tensor
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
@@ -226,10 +227,13 @@ class DecoderArch:
         sliding window and chunked) and its flash and memory-efficient ones on CUDA never hold the
         [batch, heads, ctx, ctx] scores; a boolean mask is kept (masked_layers); on CUDA a mask with
         grouped-query heads sends SDPA to its math kernel, which holds the scores, the masked scores
-        and their softmax, three float32 score tensors."""
+        and their softmax, three float32 score tensors. A family whose attention forms its scores
+        itself (`blockwise_scores`) holds a block of queries' float32 scores on every device."""
         masked = self.masked_layers(ctx)
         extra = ctx * ctx if masked else 0
-        if device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
+        if self.blockwise_scores:
+            extra += blockwise_score_bytes(batch, ctx, n_head)
+        elif device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
             extra += 3 * 4 * batch * n_head * ctx * ctx
         return extra
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 from gguf import Keys
 
-from .blocks import AttentionSpec, SoftCappedAttention, blockwise_score_bytes
+from .blocks import AttentionSpec, SoftCappedAttention
 from .family import DecoderArch
 from .gemma3 import Gemma3
 from .loading import BlockTensors
@@ -23,6 +23,7 @@ ATTENTION_CAP, FINAL_CAP = 50.0, 30.0   # llama.cpp's soft caps where the file n
 
 class Gemma2(Gemma3):
     swa_period = 2
+    blockwise_scores = True    # the soft cap is computed outside SDPA
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
                          Keys.LLM.ATTN_LOGIT_SOFTCAPPING, Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
 
@@ -41,12 +42,6 @@ class Gemma2(Gemma3):
         if self.hp.n_layers == LAYERS_27B:  # diff: llama.cpp's query scale for the 27B
             return 1.0 / math.sqrt(self.hp.hidden / self.hp.n_head)
         return DecoderArch.attention_scale(self)
-
-    def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
-        """The masks, and on every device a block of queries' float32 scores: the soft cap is
-        computed outside SDPA (blocks.blockwise_score_bytes)."""
-        masks = ctx * ctx if self.masked_layers(ctx) else 0
-        return masks + blockwise_score_bytes(batch, ctx, n_head)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         cap = float(self.key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, FINAL_CAP))

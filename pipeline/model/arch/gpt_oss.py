@@ -10,7 +10,7 @@ import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from .blocks import AttentionSpec, BlockwiseAttention, blockwise_score_bytes
+from .blocks import AttentionSpec, BlockwiseAttention
 from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .ffn import MoE, swiglu_oai
 from .loading import BlockTensors
@@ -36,6 +36,7 @@ class GptOss(DecoderArch):
     expert_gating = "softmax_weight"
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN})
     float32_tensors = FLOAT32_TENSORS + ("attn_sinks.weight",)   # a logit of each softmax
+    blockwise_scores = True    # the sinks are computed outside SDPA
 
     def layer(self, spec: LayerSpec, t: BlockTensors) -> PreNormLayer:
         # diff: the FFN's pre-norm is stored as the post-attention norm
@@ -44,12 +45,6 @@ class GptOss(DecoderArch):
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> SinkAttention:
         return SinkAttention(self.attention_weights(spec, t), spec, self.hp.eps)
-
-    def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
-        """The masks, and on every device a block of queries' float32 scores: the sinks are
-        computed outside SDPA (blocks.blockwise_score_bytes)."""
-        masks = ctx * ctx if self.masked_layers(ctx) else 0
-        return masks + blockwise_score_bytes(batch, ctx, n_head)
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)

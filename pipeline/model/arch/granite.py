@@ -36,11 +36,14 @@ class GraniteLayer(Layer):
 
 class Granite(DecoderArch):
     honours = frozenset({Keys.LLM.LOGIT_SCALE, Keys.LLM.RESIDUAL_SCALE, Keys.LLM.EMBEDDING_SCALE})
+    logit_scale_default = None   # None: llama.cpp requires the key; 0: logits as they are
 
     def __init__(self, gguf):
         super().__init__(gguf)
         self.embed_scale = float(self.key(Keys.LLM.EMBEDDING_SCALE, 0.0)) or None   # 0: not set
         self.residual_scale = float(self.key(Keys.LLM.RESIDUAL_SCALE, 0.0)) or 1.0
+        # read when the file is opened: a granite file without one is refused before any work
+        self.logit_scale = float(self.key(Keys.LLM.LOGIT_SCALE, self.logit_scale_default))
 
     def settings_not_computed(self) -> dict:
         # image features fed into the trunk are not computed (text runs never have them)
@@ -61,11 +64,12 @@ class Granite(DecoderArch):
         return spec if finetuned is None or bool(finetuned) else replace(spec, rope=None)
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits * (1.0 / float(self.key(Keys.LLM.LOGIT_SCALE)))   # diff: divided by logit_scale
+        return logits * (1.0 / self.logit_scale) if self.logit_scale else logits   # diff: divided by logit_scale
 
 
 class GraniteHybrid(Granite):
     float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS
+    logit_scale_default = 0.0    # diff: its logit scale may be left out
 
     def layer_spec(self, i: int) -> LayerSpec:
         if self.layer_key(Keys.Attention.HEAD_COUNT_KV, i) == 0:
@@ -74,7 +78,3 @@ class GraniteHybrid(Granite):
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         return read_mamba2(self, t) if spec.mixer == "mamba2" else super().mixer(spec, t)
-
-    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        scale = float(self.key(Keys.LLM.LOGIT_SCALE, 0.0))   # 0 or none: as they are
-        return logits * (1.0 / scale) if scale else logits
