@@ -66,7 +66,7 @@ def forward(path, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
 
     arch = load_architecture(GGUFIndex(path))
     with torch.inference_mode():
-        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype))
+        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype), ids=ids)
         return arch.load_head("cpu", torch.float32)(hidden)
 
 

@@ -30,6 +30,10 @@ sys.path.insert(0, {llama!r})
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
 conversion.base.TextModel._set_vocab_sentencepiece = conversion.base.TextModel._set_vocab_gpt2
+import conversion.gemma
+conversion.gemma.Gemma4Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
+import conversion.deepseek
+conversion.deepseek.DeepseekV32Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 import conversion.phi
 conversion.phi.Phi3MiniModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 sys.argv = ["convert_hf_to_gguf.py", *{args!r}]
@@ -139,6 +143,44 @@ def wide_expert_gates(model) -> None:
         layer.mlp.experts.gate_up_proj.mul_(4)
 
 
+def llama_cpp_ties(model) -> None:
+    """DeepSeek Sparse Attention's top-k as llama.cpp breaks ties at the k-th score (its heap
+    selection, pipeline/model/arch/heap_select.py), where transformers' topk keeps other tied keys."""
+    import contextlib
+
+    from pipeline.model.arch.heap_select import heap_select
+
+    topk = torch.Tensor.topk
+
+    def llama_topk(scores, k, dim=-1, **kw):   # scores [B, queries, keys], -inf past each query
+        ranked = topk(scores, min(k + 1, scores.shape[-1]), dim=dim, **kw)
+        indices = ranked.indices[..., :k].clone()
+        if ranked.values.shape[-1] > k:
+            for row, query in (ranked.values[..., k - 1] == ranked.values[..., k]).nonzero().tolist():
+                indices[row, query] = torch.tensor(heap_select(scores[row, query].tolist(), k))
+        return torch.return_types.topk((ranked.values[..., :k], indices))
+
+    @contextlib.contextmanager
+    def llama_selection():
+        torch.Tensor.topk = llama_topk
+        try:
+            yield
+        finally:
+            torch.Tensor.topk = topk
+
+    for layer in model.model.layers:
+        indexer = layer.self_attn.indexer
+        indexer.forward = llama_selection()(indexer.forward)
+
+
+def gemma4_scalars(model) -> None:
+    """Gemma 4's scalars away from their initial 1: each layer's output scalar, the router's
+    input scale and each expert's output scale, so that each shows."""
+    for name, t in [*model.named_buffers(), *model.named_parameters()]:
+        if name.endswith(("layer_scalar", "router.scale", "router.per_expert_scale")):
+            t.copy_(0.5 + torch.rand_like(t))
+
+
 # the smallest Qwen3-VL vision tower: the converter takes the text trunk and its deepstack count
 TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                    deepstack_visual_indexes=[0])
@@ -159,6 +201,10 @@ class Spec:
     causal_lm: str = ""              # the transformers class, where AutoModelForCausalLM does not map the config
 
 
+# Gemma 4's two RoPEs: sliding layers' default, global layers' proportional (half of each head
+# rotated); low bases, so that rotating or not shows
+GEMMA4_ROPE = {"sliding_attention": dict(rope_type="default", rope_theta=100.0),
+               "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.5, rope_theta=1000.0)}
 YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, rope_theta=10000.0)
 PHI3_TOKENS = ("</s>", "<unk>", "<s>")   # llama.cpp's vocabulary loader looks them up in a Phi-3 file
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
@@ -369,6 +415,30 @@ SPECS = {
     # Seed-OSS: QKV biases, no output bias (as published), the FFN's pre-norm named post-attention
     "seed_oss": Spec("SeedOssConfig", _common(intermediate_size=96, num_hidden_layers=3, attention_bias=True,
                                               attention_out_bias=False)),
+    # DeepSeek-V3.2: deepseek2's, its attention over the top 16 keys of a 4-head indexer of 64 (ggml's
+    # Hadamard rotation takes multiples of 64; the tests score 150 positions: sparse past the 16th;
+    # a few queries tie at the 16th, where llama.cpp's heap selection decides); YaRN's mscale and
+    # mscale_all_dim 1 as published (llama.cpp reads mscale as 1 for this family)
+    "deepseek32": Spec("DeepseekV32Config", _deepseek(
+        q_lora_rank=48, index_topk=16, index_head_dim=64, index_n_heads=4, num_nextn_predict_layers=0,
+        rope_parameters=dict(YARN, mscale=1.0, mscale_all_dim=1.0)),
+        raw_config={"scoring_func": "sigmoid"}, reference=llama_cpp_ties),
+    # Gemma 4 E2B's shape: per-layer embeddings (8 a layer), a window of 8 on every other layer (its
+    # normed queries and keys attend broadly: a wider window hardly shows), global layers with their
+    # own head size (32), the last two layers sharing the K/V of layers 2 and 3
+    "gemma4": Spec("Gemma4TextConfig", _common(
+        intermediate_size=96, num_hidden_layers=6, sliding_window=8, global_head_dim=32,
+        layer_types=["sliding_attention", "full_attention"] * 3, num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, final_logit_softcapping=10.0,
+        rope_parameters=GEMMA4_ROPE) | dict(tie_word_embeddings=True), prepare=gemma4_scalars),
+    # Gemma 4 26B-A4B's: top-2 of 4 experts beside the MLP, global layers with one KV head of 32
+    # whose V is K's projection
+    "gemma4_moe": Spec("Gemma4TextConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, sliding_window=32, global_head_dim=32,
+        layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=0,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32, attention_k_eq_v=True,
+        num_global_key_value_heads=1, final_logit_softcapping=10.0, rope_parameters=GEMMA4_ROPE)
+        | dict(tie_word_embeddings=True), prepare=gemma4_scalars),
 }
 
 

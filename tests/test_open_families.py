@@ -15,7 +15,7 @@ olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and 
 granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4,
 command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5, lfm2
 3.6e-6, lfm2moe 1.1e-5, granitehybrid 7.8e-5, falcon-h1
-2.0e-4 (test_architectures.ATOL says why)."""
+2.0e-4 and gemma4 2.4e-4 (test_architectures.ATOL says why), gemma4_moe 5.9e-5."""
 import math
 import re
 from dataclasses import replace
@@ -62,6 +62,10 @@ def key(template: str, arch: str = "deepseek2") -> str:
 
 def zeroed(suffix: str | tuple[str, ...]):
     return lambda n, q, d: (np.zeros_like(d), q) if n.endswith(suffix) else (d, q)
+
+
+def ones(suffix: str | tuple[str, ...]):
+    return lambda n, q, d: (np.ones_like(d), q) if n.endswith(suffix) else (d, q)
 
 
 def dropped(suffix: str | tuple[str, ...]):
@@ -123,6 +127,14 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
+    "deepseek32 sparse attention": ("deepseek32", {key(Keys.Attention.Indexer.TOP_K, "deepseek32"): 1024}, None),
+    "gemma4 per-layer embeddings": ("gemma4", None, zeroed(".proj.weight")),
+    "gemma4 layer output scale": ("gemma4", None, ones("layer_output_scale.weight")),
+    "gemma4 proportional RoPE": ("gemma4", None, ones("rope_freqs.weight")),
+    "gemma4 sliding window": ("gemma4", {key(Keys.Attention.SLIDING_WINDOW, "gemma4"): 1024}, None),
+    "gemma4 final soft-cap": ("gemma4", {key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "gemma4"): 1e6}, None),
+    "gemma4_moe router input scale": ("gemma4_moe", None, ones("ffn_gate_inp.scale")),
+    "gemma4_moe expert output scale": ("gemma4_moe", None, ones("ffn_down_exps.scale")),
 }
 
 
@@ -295,3 +307,37 @@ def test_command_r_plus_norms_each_head_by_its_own_layer_norm(tiny_model):
     layer = load_architecture(GGUFIndex(path)).layer_shapes(0, torch.float32)
     assert tuple(layer.attention.q_norm.shape) == (4, 16) and tuple(layer.attention.k_norm.shape) == (2, 16)
     meets_transformers(model, path, random_ids(), 2e-4, 0.016)      # measured 7.9e-5 and 0.0077
+
+
+def test_gemma4_boundaries_carry_the_shared_kv_and_its_experts_are_held_whole(tiny_model):
+    """The fixture's last two layers (4 sliding, 5 global) attend over the K/V of layers 2 and 3:
+    a boundary between a source and its last reader carries the source's K and V beside the
+    hidden state (KV heads x head size each), the last boundary the hidden state only. Its
+    experts (the router reads the stream, the experts a norm of it) never run in slices: a layer
+    larger than the budget is refused, not sliced."""
+    from pipeline.run.preflight import layer_experts
+
+    arch = load_architecture(GGUFIndex(tiny_model("gemma4")[1]))
+    assert arch.kv_sources == [0, 1, 2, 3, 2, 3]
+    sliding, full = 2 * 2 * 16, 2 * 2 * 32                      # K and V of 2 KV heads of 16 / of 32
+    # past layer 4, the last reader of layer 2's K/V, only layer 3's are carried
+    assert [arch.boundary_width(cut) for cut in range(7)] == [64, 64, 64, 64 + sliding, 64 + sliding + full,
+                                                              64 + full, 64]
+    moe = GGUFIndex(tiny_model("gemma4_moe")[1])
+    assert layer_experts(moe, 0, torch.float32) == (0, 0)
+    assert layer_experts(GGUFIndex(tiny_model("qwen3moe")[1]), 0, torch.float32)[1] == 4
+
+
+@pytest.mark.parametrize("scores,k,kept", [   # libstdc++ 12's std::partial_sort, as ggml_top_k calls it
+    ([0, 2, 0, 1, 1, 1, 2, 1, 2, 0, 2, 2, 2, 1, 1, 2, 1], 5, [1, 6, 8, 10, 11]),
+    ([1, 1, 1, 2, 2, 1, 2, 1, 1, 2, 1, 1], 6, [0, 1, 3, 4, 6, 9]),
+    ([0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 0, 0, 0, 2, 1, 1], 3, [4, 5, 14]),
+    ([2, 0, 2, 1, 2, 0, 0, 1, 2, 2, 1, 1, 0, 0, 2, 1, 1], 3, [0, 2, 4]),
+    ([0, 2, 1, 2, 0, 1, 2, 2, 2, 1, 0, 2, 1, 1, 1, 1], 6, [1, 3, 6, 7, 8, 11]),
+])
+def test_tied_top_k_keeps_the_keys_ggml_keeps(scores, k, kept):
+    """Where the k-th score is tied, DeepSeek Sparse Attention keeps the keys llama.cpp's heap
+    selection keeps (not the lowest indices: the third case keeps 4 and 5 of the ones, not 3)."""
+    from pipeline.model.arch.heap_select import heap_select
+
+    assert sorted(heap_select([float(s) for s in scores], k)) == kept

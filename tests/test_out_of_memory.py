@@ -20,11 +20,11 @@ def test_out_of_memory_mid_pass_is_one_line_and_keeps_the_chunks(tmp_path, monke
     whole = WindowExecutor.__call__
     calls = []
 
-    def second_chunk_runs_out(self, hidden):
+    def second_chunk_runs_out(self, hidden, **inputs):
         calls.append(1)
         if len(calls) == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 12.00 GiB total)")
-        return whole(self, hidden)
+        return whole(self, hidden, **inputs)
     monkeypatch.setattr(WindowExecutor, "__call__", second_chunk_runs_out)
     failures = []
     handlers = luigi.Task._event_callbacks.setdefault(LayerWindow, {}).setdefault(luigi.Event.FAILURE, set())

@@ -327,6 +327,15 @@ class PlacedTask(OutputTask):
         tokenize = self.clone(Tokenize)
         return load_plan(tokenize.out_dir() / "tokens.zarr")
 
+    def chunk_ids(self, i: int):
+        """The token ids [sequences, ctx] of chunk i of this task's shard, int64."""
+        import torch
+
+        plan, _ = self.plan()
+        mine, per = self.shard_sequences(plan.n_sequences), self.windows_per_chunk
+        return torch.from_numpy(plan.ids[mine.start + i * per:min(mine.start + (i + 1) * per, mine.stop)]
+                                .astype(np.int64))
+
     def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, finite: bool = True,
              write_behind: bool = False, part: str = "") -> dict:
         """Write the chunks of this task's array at `path` that are missing or damaged
@@ -383,18 +392,14 @@ class Embed(PlacedTask):
         # a window in expert slices keeps, as float32, its staged layer (two hidden states a
         # token) and two accumulators (one each) while it runs
         sliced = 4 * 4 * int(np.prod(shape)) if any(w.expert_slices > 1 for w in self.windows()) else 0
-        check_disk(shape, self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)), self.run_root,
-                   sliced)
-        per = self.windows_per_chunk
-
-        def read(i):  # [windows, ctx] token ids
-            return torch.from_numpy(plan.ids[mine.start + i * per:min(mine.start + (i + 1) * per, mine.stop)]
-                                    .astype(np.int64))
+        widest = max(arch.boundary_width(w.last) for w in self.windows())   # a boundary may carry more than hidden
+        check_disk((*shape[:2], widest), self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)),
+                   self.run_root, sliced)
 
         def compute(i, ids):
             return arch.embed(ids, "cpu", torch.float32).numpy()
 
-        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, read, lambda: compute))
+        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, self.chunk_ids, lambda: compute))
 
 
 class LayerWindow(PlacedTask):
@@ -450,17 +455,21 @@ class LayerWindow(PlacedTask):
         slices, read_before, wait_before = self.window().expert_slices, FILE_BYTES_READ[0], READ_WAIT_S[0]
         loaded = []
 
+        arch = load_architecture(self.spec().gguf)
+
         def load():
             # this window's pages read at once: the disk reads ahead of the dequantization
             self.read_ahead(self.layer_tensor_names(self.first, self.last))
-            loaded.append(WindowExecutor(load_architecture(self.spec().gguf), self.first, self.last, device, dtype))
+            loaded.append(WindowExecutor(arch, self.first, self.last, device, dtype))
             self.read_ahead_next()
-            return lambda i, hidden: loaded[0](torch.from_numpy(hidden)).numpy()
+            return lambda i, chunk: loaded[0](torch.from_numpy(chunk[0]), ids=chunk[1]).numpy()
 
         if slices > 1:
             stats = self.fill_in_slices(work, source, device, dtype, slices, loaded)
         else:  # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
-            stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype, source.read_chunk,
+            n, ctx, _ = source.array.shape
+            stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
+                              lambda i: (source.read_chunk(i), self.chunk_ids(i) if arch.takes_token_ids else None),
                               load, write_behind=device.startswith("cuda"))
         peaks = device_peaks_mb(device)
         if loaded:

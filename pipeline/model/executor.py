@@ -1,7 +1,8 @@
 """Layer-window executor: load layers [first, last) on a device, map hidden -> hidden, release.
 
 Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
-[B, T, hidden] so the caller can store them wherever it likes. Each of the B rows is one
+[B, T, boundary width] (the hidden state, and what the family carries
+beside it) so the caller can store them wherever it likes. Each of the B rows is one
 sequence: recurrent layers start every row from a zero state, so nothing crosses a
 sequence or a layer cut. The weights of the window are one block (weight_block.py),
 which on the CPU a released window leaves to the next.
@@ -9,6 +10,7 @@ which on the CPU a released window leaves to the next.
 import torch
 
 from ..gguf_io.dequant import plan_host_load
+from .arch.blocks import module_bytes
 from .arch.family import DecoderArch
 from .arch.modules import Tables
 from .weight_block import WeightBlock
@@ -25,17 +27,23 @@ class WindowExecutor:
         # > 1: each MoE layer's routed experts are read in this many slices while it runs
         self.weights = WeightBlock.for_layers(arch, first, last, dtype, self.device, expert_slices)
         self.layers = [arch.load_layer(i, self.device, dtype, self.weights, expert_slices) for i in range(first, last)]
-        self.weight_bytes = sum(layer.nbytes for layer in self.layers)
+        self.token_inputs = arch.token_inputs(first, last, self.device, dtype)   # per-layer inputs from the ids
+        self.weight_bytes = sum(module_bytes(m) for m in [*self.layers, self.token_inputs] if m is not None)
         self._tables: dict[int, Tables] = {}
 
     @torch.inference_mode()
-    def __call__(self, hidden: torch.Tensor, state: dict | None = None) -> torch.Tensor:
-        # hidden: [B, T, hidden] float32 -> same shape, float32 on the CPU.
-        # state: recurrent state to start from and leave behind, per layer (None: zero per row)
+    def __call__(self, hidden: torch.Tensor, state: dict | None = None,
+                 ids: torch.Tensor | None = None) -> torch.Tensor:
+        # hidden: [B, T, boundary width] float32 -> [B, T, the next boundary's width], float32 on the CPU.
+        # state: recurrent state to start from and leave behind, per layer (None: zero per row);
+        # ids: the token ids [B, T], for a family whose layers take inputs from them
         tables = self.tables(hidden.shape[1])
+        inputs = None if self.token_inputs is None else self.token_inputs(ids)   # [B, T, layers, width]
         x = hidden.to(self.device, self.dtype)
-        for i, layer in enumerate(self.layers, start=self.first):
-            x = layer(x, tables, None if state is None else state.setdefault(i, {}))
+        for k, layer in enumerate(self.layers):
+            i = self.first + k
+            args = (x, tables, None if state is None else state.setdefault(i, {}))
+            x = layer(*args) if inputs is None else layer(*args, inputs[:, :, k])
         return x.to("cpu", torch.float32)
 
     def tables(self, T: int) -> Tables:
@@ -44,6 +52,7 @@ class WindowExecutor:
 
     def release(self) -> None:
         self.layers.clear()
+        self.token_inputs = None
         self._tables.clear()
         self.weights.keep()
         self.weights = None

@@ -100,15 +100,15 @@ def largest_fitting_window(per_layer: list[int], fixed: int, budget: int) -> int
 
 def layer_experts(gguf: GGUFIndex, i: int, dtype) -> tuple[int, int]:
     """(bytes, count) of block `i`'s routed experts dequantized for compute in `dtype`; (0, 0)
-    where it has none."""
+    where it has none, or its family holds them whole (they never run in slices)."""
     from ..model.arch import load_architecture
     from ..model.arch.experts import expert_tensor_names
     from ..model.weight_block import tensor_bytes
 
     names = expert_tensor_names(gguf, i)
-    if not names:
-        return 0, 0
     arch = load_architecture(gguf)
+    if not names or not arch.sliceable_experts:   # experts held whole: the layer fits or is refused
+        return 0, 0
     return (sum(tensor_bytes(arch, gguf.tensors[n], dtype) for n in names.values()),
             gguf.tensors[names["down"]].shape[0])
 

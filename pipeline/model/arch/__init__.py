@@ -5,12 +5,14 @@ from ...errors import UserError
 from ...gguf_io.reader import GGUFIndex
 from .cohere import Cohere2, CommandR
 from .deepseek2 import Deepseek2
+from .deepseek32 import Deepseek32
 from .ernie4_5_moe import Ernie45Moe
 from .exaone4 import Exaone4
 from .falcon_h1 import FalconH1
 from .family import DecoderArch
 from .gemma2 import Gemma2
 from .gemma3 import Gemma3
+from .gemma4 import Gemma4
 from .glm4 import Glm4
 from .glm4moe import Glm4Moe
 from .gpt_oss import GptOss
@@ -30,9 +32,9 @@ from .seed_oss import SeedOss
 from .smollm3 import SmolLM3
 
 ARCHITECTURES: dict[str, type[DecoderArch]] = {
-    "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "qwen3": Qwen2, "qwen3moe": Qwen2,
+    "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "gemma4": Gemma4, "qwen3": Qwen2, "qwen3moe": Qwen2,
     "qwen3next": Qwen3Next, "qwen35": Qwen35, "qwen35moe": Qwen35,
-    "nemotron_h": NemotronH, "nemotron_h_moe": NemotronH, "deepseek2": Deepseek2,
+    "nemotron_h": NemotronH, "nemotron_h_moe": NemotronH, "deepseek2": Deepseek2, "deepseek32": Deepseek32,
     "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,

@@ -47,10 +47,8 @@ class LatentAttention(Attention):
         B, T, _ = x.shape
         w, s = self.w, self.spec
         rope: RopeSpec = s.rope
-        if "q_a" in w:
-            q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], self.eps), w["q_b"])
-        else:
-            q = F.linear(x, w["q"])
+        q_a = rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], self.eps) if "q_a" in w else None   # [B, T, q rank]
+        q = F.linear(x, w["q"]) if q_a is None else F.linear(q_a, w["q_b"])
         q = q.view(B, T, s.n_head, s.key_dim).transpose(1, 2)                      # [B, H, T, nope + rope]
         q_nope, q_pe = q.split([s.key_dim - rope.dim, rope.dim], dim=-1)
         kv, k_pe = F.linear(x, w["kv_a"]).split([self.kv_rank, rope.dim], dim=-1)  # [B, T, rank], [B, T, rope]
@@ -61,8 +59,13 @@ class LatentAttention(Attention):
         q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
         k_pe = apply_rope(k_pe[:, None], cos, sin, rope).expand(B, s.n_head, T, rope.dim)
         k = torch.cat([k_nope, k_pe], dim=-1)                                        # [B, H, T, nope + rope]
-        y = self.attend(q, k, v, tables)                                             # [B, H, T, value_dim]
+        y = self.attend_latent(q, k, v, tables, x, q_a)                              # [B, H, T, value_dim]
         return F.linear(y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim), w["o"])
+
+    def attend_latent(self, q, k, v, tables, x: torch.Tensor, q_a: torch.Tensor | None) -> torch.Tensor:
+        """Attention over every earlier key; a family that selects the keys (from the layer's input
+        x and its normed query latent q_a) overrides it."""
+        return self.attend(q, k, v, tables)
 
 
 class Deepseek2(DecoderArch):

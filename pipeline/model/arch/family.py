@@ -78,6 +78,8 @@ class DecoderArch:
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     output_norm = MT.OUTPUT_NORM            # the final norm's tensor
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
+    takes_token_ids = False                 # its layers take inputs from the token ids (token_inputs)
+    sliceable_experts = True                # a layer's routed experts may run a slice at a time (model/sliced.py)
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -148,6 +150,10 @@ class DecoderArch:
                              key_dim=self.hp.head_dim,
                              value_dim=int(self.key(Keys.Attention.VALUE_LENGTH, self.hp.head_dim)),
                              scale=self.attention_scale(), rope=self.trunk_rope)
+
+    def own_projections(self, i: int) -> tuple[MODEL_TENSOR, ...]:
+        """The attention projections layer i must have (a fused attn_qkv stands in for them)."""
+        return MT.ATTN_Q, MT.ATTN_K, MT.ATTN_V
 
     def yarn_mscales(self) -> tuple[float, float]:
         """(mscale, mscale_all_dim) of llama.cpp's YaRN attention factor; mscale_all_dim 0: the
@@ -249,6 +255,16 @@ class DecoderArch:
         [ctx, ctx] mask."""
         specs = [spec.attention for spec in self.specs if spec.attention]
         return [a for a in specs if (a.span or ctx) < ctx or (a.chunk or ctx) < ctx]
+
+    def boundary_width(self, cut: int) -> int:
+        """Values per token of the boundary before layer `cut`: the hidden state, and whatever
+        the family carries across the cut beside it."""
+        return self.hp.hidden
+
+    def token_inputs(self, first: int, last: int, device, dtype) -> nn.Module | None:
+        """What layers [first, last) take from the token ids besides the boundary: a module ids
+        [B, T] -> [B, T, last - first, width], one input per layer; None: nothing."""
+        return None
 
     # -- layers ----------------------------------------------------------------------------
     def load_layer(self, i: int, device, dtype, weights: WeightBlock | None = None,

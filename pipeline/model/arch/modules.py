@@ -17,10 +17,12 @@ class Tables:
         self.n_pos, self.device, self.dtype = n_pos, device, dtype
         self._rope, self._mask, self._temperature = {}, {}, {}
 
-    def rope(self, spec: RopeSpec) -> tuple[torch.Tensor, torch.Tensor]:
-        if spec not in self._rope:
-            self._rope[spec] = rope_tables(spec, self.n_pos, self.device, self.dtype)
-        return self._rope[spec]
+    def rope(self, spec: RopeSpec, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin in the compute dtype (or `dtype`)."""
+        key = (spec, dtype or self.dtype)
+        if key not in self._rope:
+            self._rope[key] = rope_tables(spec, self.n_pos, self.device, key[1])
+        return self._rope[key]
 
     def mask(self, span: int | None, chunk: int | None = None) -> torch.Tensor | None:
         if (span, chunk) not in self._mask:

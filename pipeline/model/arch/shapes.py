@@ -70,7 +70,8 @@ def expect_layer(arch, spec) -> None:
         for kind, rows, why in ((MT.ATTN_Q, q_rows, "head_count x key_length" + (" + gate" if a.gated else "")),
                                 (MT.ATTN_K, k_rows, "head_count_kv x key_length"),
                                 (MT.ATTN_V, v_rows, "head_count_kv x value_length")):
-            expect(arch, name(kind), (rows, hidden), why + " x embedding_length", required=not fused)
+            expect(arch, name(kind), (rows, hidden), why + " x embedding_length",
+                   required=not fused and kind in arch.own_projections(spec.index))
             expect(arch, name(kind, "bias"), (rows,), why)
         expect(arch, name(MT.ATTN_OUT), (hidden, a.n_head * a.value_dim), "embedding_length x heads x value_length",
                required=True)
