@@ -169,8 +169,8 @@ def llama_cpp_ties(model) -> None:
             torch.Tensor.topk = topk
 
     for layer in model.model.layers:
-        indexer = layer.self_attn.indexer
-        indexer.forward = llama_selection()(indexer.forward)
+        if (indexer := layer.self_attn.indexer) is not None:   # GLM-5.2's shared layers have none
+            indexer.forward = llama_selection()(indexer.forward)
 
 
 def gemma4_scalars(model) -> None:
@@ -423,6 +423,14 @@ SPECS = {
         q_lora_rank=48, index_topk=16, index_head_dim=64, index_n_heads=4, num_nextn_predict_layers=0,
         rope_parameters=dict(YARN, mscale=1.0, mscale_all_dim=1.0)),
         raw_config={"scoring_func": "sigmoid"}, reference=llama_cpp_ties),
+    # GLM-5.2: deepseek32's, the indexer on consecutive pairs, layers 1, 3 and 4 sharing the selection
+    # of the full layer before them; GLM's special tokens for its converter
+    "glm-dsa": Spec("GlmMoeDsaConfig", {k: v for k, v in _deepseek(
+        q_lora_rank=48, index_topk=16, index_head_dim=64, index_n_heads=4, num_nextn_predict_layers=0,
+        num_hidden_layers=5, indexer_types=["full", "shared", "full", "shared", "shared"],
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)).items()
+        if k not in ("rope_interleave", "n_group", "topk_group")},
+        special_tokens=("[gMASK]", "<|user|>", "<|observation|>"), reference=llama_cpp_ties),
     # Gemma 4 E2B's shape: per-layer embeddings (8 a layer), a window of 8 on every other layer (its
     # normed queries and keys attend broadly: a wider window hardly shows), global layers with their
     # own head size (32), the last two layers sharing the K/V of layers 2 and 3

@@ -34,6 +34,7 @@ from pipeline.model.arch import (
     deepseek2,
     exaone4,
     ffn,
+    glm_dsa,
     gpt_oss,
     llama4,
     load_architecture,
@@ -127,6 +128,7 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
+    "glm-dsa sparse attention": ("glm-dsa", {key(Keys.Attention.Indexer.TOP_K, "glm-dsa"): 1024}, None),
     "deepseek32 sparse attention": ("deepseek32", {key(Keys.Attention.Indexer.TOP_K, "deepseek32"): 1024}, None),
     "gemma4 per-layer embeddings": ("gemma4", None, zeroed(".proj.weight")),
     "gemma4 layer output scale": ("gemma4", None, ones("layer_output_scale.weight")),
@@ -149,6 +151,8 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
 
 # features no metadata switches off: the code that computes them is patched out
 PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
+    "glm-dsa indexer RoPE on consecutive pairs": ("glm-dsa", glm_dsa.GlmDsa, "index_rope",
+                                                   property(lambda self: replace(self.trunk_rope, neox=True))),
     "deepseek2 decoupled RoPE": ("deepseek2", deepseek2, "apply_rope", lambda x, cos, sin, spec: x),
     "gpt-oss SwiGLU clamp": ("gpt-oss", gpt_oss, "swiglu_oai",
                              lambda gate, up: ffn.swiglu_oai(gate, up, limit=math.inf)),
@@ -341,3 +345,19 @@ def test_tied_top_k_keeps_the_keys_ggml_keeps(scores, k, kept):
     from pipeline.model.arch.heap_select import heap_select
 
     assert sorted(heap_select([float(s) for s in scores], k)) == kept
+
+
+def test_glm_dsa_carries_the_shared_selection_exactly_in_16_bit_boundaries(tiny_model):
+    """GLM-5.2's shared layers (1, 3 and 4 of the fixture) attend to the keys the full layer
+    before them selected: a boundary before a shared layer carries that selection beside the
+    hidden state, as positions that a bfloat16 boundary holds exactly."""
+    arch = load_architecture(GGUFIndex(tiny_model("glm-dsa")[1]))
+    assert [arch.boundary_width(cut) for cut in range(6)] == [64, 64 + 32, 64, 64 + 32, 64 + 32, 64]
+    T, top_k = 300, 16
+    scores = torch.rand(2, T, T, generator=torch.Generator().manual_seed(0))
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    best = scores.masked_fill(~causal, -1).topk(top_k, dim=-1).indices
+    selected = torch.zeros(2, T, T, dtype=torch.bool).scatter_(-1, best, True) & causal
+    x = torch.cat([torch.randn(2, T, 64), glm_dsa.pack_selection(selected, top_k, torch.float32)], dim=-1)
+    _, carried = glm_dsa.unpack_selection(x.to(torch.bfloat16).to(torch.float32), top_k)
+    assert torch.equal(carried, selected)

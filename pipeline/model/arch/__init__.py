@@ -15,6 +15,7 @@ from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4 import Glm4
 from .glm4moe import Glm4Moe
+from .glm_dsa import GlmDsa
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteHybrid
 from .lfm2 import Lfm2
@@ -35,6 +36,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "gemma4": Gemma4, "qwen3": Qwen2, "qwen3moe": Qwen2,
     "qwen3next": Qwen3Next, "qwen35": Qwen35, "qwen35moe": Qwen35,
     "nemotron_h": NemotronH, "nemotron_h_moe": NemotronH, "deepseek2": Deepseek2, "deepseek32": Deepseek32,
+    "glm-dsa": GlmDsa,
     "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,

@@ -44,10 +44,16 @@ class LatentAttention(Attention):
         return f"kv_lora_rank={self.kv_rank}, " + super().describe()
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
+        q, k, v, q_a = self.project(x, tables)
+        return self.output(self.attend(q, k, v, tables))
+
+    def project(self, x: torch.Tensor, tables):
+        """x [B, T, hidden] -> q, k [B, H, T, nope + rope], v [B, H, T, value_dim] and the normed
+        query latent [B, T, q rank] (None in a "lite" file)."""
         B, T, _ = x.shape
         w, s = self.w, self.spec
         rope: RopeSpec = s.rope
-        q_a = rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], self.eps) if "q_a" in w else None   # [B, T, q rank]
+        q_a = rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], self.eps) if "q_a" in w else None
         q = F.linear(x, w["q"]) if q_a is None else F.linear(q_a, w["q_b"])
         q = q.view(B, T, s.n_head, s.key_dim).transpose(1, 2)                      # [B, H, T, nope + rope]
         q_nope, q_pe = q.split([s.key_dim - rope.dim, rope.dim], dim=-1)
@@ -58,14 +64,12 @@ class LatentAttention(Attention):
         cos, sin = tables.rope(rope)
         q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
         k_pe = apply_rope(k_pe[:, None], cos, sin, rope).expand(B, s.n_head, T, rope.dim)
-        k = torch.cat([k_nope, k_pe], dim=-1)                                        # [B, H, T, nope + rope]
-        y = self.attend_latent(q, k, v, tables, x, q_a)                              # [B, H, T, value_dim]
-        return F.linear(y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim), w["o"])
+        return q, torch.cat([k_nope, k_pe], dim=-1), v, q_a
 
-    def attend_latent(self, q, k, v, tables, x: torch.Tensor, q_a: torch.Tensor | None) -> torch.Tensor:
-        """Attention over every earlier key; a family that selects the keys (from the layer's input
-        x and its normed query latent q_a) overrides it."""
-        return self.attend(q, k, v, tables)
+    def output(self, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs y [B, H, T, value_dim] -> [B, T, hidden]."""
+        B, H, T, D = y.shape
+        return F.linear(y.transpose(1, 2).reshape(B, T, H * D), self.w["o"])
 
 
 class Deepseek2(DecoderArch):

@@ -41,8 +41,12 @@ class SparseLatentAttention(LatentAttention):
     def describe(self) -> str:
         return f"indexer heads={self.n_index_head} x {self.index_dim}, top_k={self.top_k}, " + super().describe()
 
-    def attend_latent(self, q, k, v, tables, x: torch.Tensor, q_a: torch.Tensor) -> torch.Tensor:
-        selected = self.select(x, q_a, tables)                                      # [B, T, T] bool
+    def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
+        q, k, v, q_a = self.project(x, tables)
+        return self.output(self.attend_selected(q, k, v, self.select(x, q_a, tables)))
+
+    def attend_selected(self, q, k, v, selected: torch.Tensor) -> torch.Tensor:
+        """Attention of each query over its selected keys, selected [B, T, T] bool."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=selected[:, None], scale=self.spec.scale)
 
     def select(self, x: torch.Tensor, q_a: torch.Tensor, tables) -> torch.Tensor:
@@ -98,15 +102,14 @@ class Deepseek32(Deepseek2):
         """Deepseek2's, and each query's selection of keys, [batch, ctx, ctx] bool."""
         return super().attention_score_bytes(batch, ctx, n_head, device) + batch * ctx * ctx
 
-    def mixer(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
-        latent = super().mixer(spec, t)
+    def mixer(self, spec: LayerSpec, t: BlockTensors, cls=SparseLatentAttention) -> nn.Module:
+        latent = Deepseek2.mixer(self, spec, t)
         w = dict(latent.w) | {"index_q_b": t(MT.INDEXER_ATTN_Q_B), "index_k": t(MT.INDEXER_ATTN_K),
                               "index_k_norm": t(MT.INDEXER_K_NORM), "index_k_norm_bias": t(MT.INDEXER_K_NORM, "bias"),
                               "index_proj": t(MT.INDEXER_PROJ)}
-        return SparseLatentAttention(w, spec.attention, self.hp.eps, self.kv_rank(),
-                                     int(self.key(Keys.Attention.Indexer.HEAD_COUNT)),
-                                     int(self.key(Keys.Attention.Indexer.KEY_LENGTH)),
-                                     int(self.key(Keys.Attention.Indexer.TOP_K)), self.index_rope)
+        return cls(w, spec.attention, self.hp.eps, self.kv_rank(), int(self.key(Keys.Attention.Indexer.HEAD_COUNT)),
+                   int(self.key(Keys.Attention.Indexer.KEY_LENGTH)), int(self.key(Keys.Attention.Indexer.TOP_K)),
+                   self.index_rope)
 
     @functools.cached_property
     def index_rope(self) -> RopeSpec:
