@@ -204,7 +204,8 @@ class DecoderArch:
         the residual stream, 2.5 x hidden; an attention or a short convolution, twice its widest
         projection; a dense or shared MLP, twice its width; routed experts, 2 x hidden and 8 per
         expert (router logits, probabilities, the sort); a recurrent mixer, 9 x its widest
-        projection (its blockwise scan)."""
+        projection (its blockwise scan); twice what the boundaries before and after it carry
+        beside the hidden state (boundary_width)."""
         rows: dict[str, int] = {}
         for t in self.gguf.layer_tensors(i):
             kind = t.name.split(".")[2]
@@ -218,6 +219,8 @@ class DecoderArch:
             floats += 2 * self.hp.hidden + 8 * rows["router"]
         if "ssm" in rows:
             floats += 9 * max(rows["ssm"], rows.get("attn", 0))
+        # what the boundaries around the layer carry beside the hidden state, in and out
+        floats += 2 * (self.boundary_width(i) + self.boundary_width(i + 1) - 2 * self.hp.hidden)
         return int(floats)
 
     def activation_bytes(self, batch: int, ctx: int, n_head: int, device: str = "cpu") -> int:
