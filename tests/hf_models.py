@@ -381,6 +381,12 @@ SPECS = {
     "cohere2": Spec("Cohere2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
                                              logit_scale=1.5) | dict(tie_word_embeddings=True),
                     raw_config={"rotary_pct": 1.0}),
+    # North (cohere2moe): a dense full-attention layer with RoPE, then sigmoid top-2 of 4 experts beside a
+    # shared expert, averaged, on three sliding layers and a global one
+    "cohere2moe": Spec("Cohere2MoeConfig", _common(
+        intermediate_size=32, num_hidden_layers=5, first_k_dense_replace=1, sliding_window=32, sliding_window_pattern=4,
+        num_experts=4, num_experts_per_tok=2, num_shared_experts=1, expert_selection_fn="sigmoid", norm_topk_prob=True,
+        logit_scale=1.5, prefix_dense_intermediate_size=96) | dict(tie_word_embeddings=True)),
     # LFM2: short convolutions on layers 0, 1 and 3, attention with QK-norm on layer 2
     "lfm2": Spec("Lfm2Config", _common(intermediate_size=96, num_hidden_layers=4, conv_L_cache=3,
                                        layer_types=["conv", "conv", "full_attention", "conv"],

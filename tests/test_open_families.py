@@ -31,6 +31,7 @@ from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import (
     blocks,
+    cohere,
     deepseek2,
     exaone4,
     ffn,
@@ -151,6 +152,9 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
 
 # features no metadata switches off: the code that computes them is patched out
 PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
+    "cohere2moe shared experts averaged": ("cohere2moe", cohere.AveragedSharedMoE, "finish", ffn.MoE.finish),
+    "cohere2moe RoPE on the dense prefix": ("cohere2moe", cohere.Cohere2Moe, "attention_spec",
+                                            cohere.Cohere2.attention_spec),
     "glm-dsa indexer RoPE on consecutive pairs": ("glm-dsa", glm_dsa.GlmDsa, "index_rope",
                                                    property(lambda self: replace(self.trunk_rope, neox=True))),
     "deepseek2 decoupled RoPE": ("deepseek2", deepseek2, "apply_rope", lambda x, cos, sin, spec: x),

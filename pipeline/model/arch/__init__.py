@@ -3,7 +3,7 @@ import functools
 
 from ...errors import UserError
 from ...gguf_io.reader import GGUFIndex
-from .cohere import Cohere2, CommandR
+from .cohere import Cohere2, Cohere2Moe, CommandR
 from .deepseek2 import Deepseek2
 from .deepseek32 import Deepseek32
 from .ernie4_5_moe import Ernie45Moe
@@ -42,7 +42,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "minimax-m2": MinimaxM2, "llama4": Llama4, "ernie4_5-moe": Ernie45Moe,
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
-    "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2,
+    "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1,
 }
 

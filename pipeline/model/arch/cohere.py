@@ -1,17 +1,21 @@
-"""command-r and cohere2 (Command R and R+, Command A and R7B): attention and the SwiGLU side by
-side over one LayerNorm of the stream (mean-subtracted, no bias), both added to it; RoPE on
-consecutive pairs; the logits multiplied by logit_scale; tied output behind a LayerNorm.
-Command R+ norms Q and K per head with a LayerNorm whose weights differ per head. cohere2 slides
-a window (the file's, which llama.cpp requires) over three layers of four (or the pattern the
-file lists) and only those take RoPE; its global layers have none."""
+"""command-r, cohere2 and cohere2moe (Command R and R+, Command A and R7B, North): attention and
+the SwiGLU side by side over one LayerNorm of the stream (mean-subtracted, no bias), both added
+to it; RoPE on consecutive pairs; the logits multiplied by logit_scale; tied output behind a
+LayerNorm. Command R+ norms Q and K per head with a LayerNorm whose weights differ per head.
+cohere2 slides a window (the file's, which llama.cpp requires) over three layers of four (or the
+pattern the file lists) and only those take RoPE; its global layers have none. cohere2moe:
+cohere2's layers, RMSNorm where the file gives an RMS epsilon, RoPE on the leading dense layers
+too, then experts routed by the file's gating function (sigmoid where it names none) beside
+shared experts, the two averaged."""
 from dataclasses import replace
 
 import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from .blocks import Attention, AttentionSpec, layer_norm
+from .blocks import Attention, AttentionSpec, layer_norm, rms_norm
 from .family import DecoderArch, LayerSpec
+from .ffn import MoE
 from .loading import BlockTensors
 from .modules import Layer
 
@@ -68,3 +72,57 @@ class Cohere2(CommandR):
         if not self.is_sliding(i):
             return replace(spec, rope=None)   # diff: global layers without position encoding
         return replace(spec, span=int(self.key(Keys.Attention.SLIDING_WINDOW)))
+
+
+class RmsCohereLayer(CohereLayer):
+    """Cohere's parallel layer over an RMSNorm."""
+
+    def norm(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return rms_norm(x, weight, self.eps)
+
+
+class AveragedSharedMoE(MoE):
+    """Routed experts and the shared ones averaged, (routed + shared) / 2, as llama.cpp's
+    cohere2moe graph combines them."""
+
+    def finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return ((out + self.shared(flat)) * 0.5).to(flat.dtype)
+
+
+class Cohere2Moe(Cohere2):
+    honours = Cohere2.honours | {Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE,
+                                 Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.LEADING_DENSE_BLOCK_COUNT}
+
+    def __init__(self, gguf):
+        self.rms = gguf.arch_value(Keys.Attention.LAYERNORM_RMS_EPS) is not None   # llama.cpp: RMS where given
+        super().__init__(gguf)
+        self.norm = rms_norm if self.rms else layer_norm
+
+    def rms_eps(self) -> float:
+        return float(self.key(Keys.Attention.LAYERNORM_RMS_EPS)) if self.rms else super().rms_eps()
+
+    def read_gating(self) -> str:
+        return self.gating_in_file("sigmoid")
+
+    def normalizes_expert_weights(self) -> bool:
+        return self.weights_norm_in_file()
+
+    def ffn_kind(self, i: int) -> str:
+        return self.dense_then_experts(i)
+
+    def attention_spec(self, i: int) -> AttentionSpec:
+        spec = super().attention_spec(i)
+        if i < int(self.key(Keys.LLM.LEADING_DENSE_BLOCK_COUNT)):   # diff: the dense prefix rotates, globally
+            return replace(spec, rope=self.trunk_rope)
+        return spec
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> CohereLayer:
+        kind = RmsCohereLayer if self.rms else CohereLayer
+        return kind(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t), ffn=self.ffn(spec, t))
+
+    def moe(self, i: int, t: BlockTensors) -> MoE:
+        moe = super().moe(i, t)
+        if moe.shared is None:
+            return moe
+        return AveragedSharedMoE(router=moe.router, experts=moe.experts, act=moe.act, routing=moe.routing,
+                                 shared=moe.shared)
