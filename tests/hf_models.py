@@ -381,6 +381,13 @@ SPECS = {
     "cohere2": Spec("Cohere2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
                                              logit_scale=1.5) | dict(tie_word_embeddings=True),
                     raw_config={"rotary_pct": 1.0}),
+    # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
+    # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
+    # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)
+    "afmoe": Spec("AfmoeConfig", _common(
+        intermediate_size=96, num_hidden_layers=5, num_dense_layers=1, moe_intermediate_size=32, num_experts=4,
+        num_experts_per_tok=2, num_shared_experts=1, route_scale=2.0, global_attn_every_n_layers=4, sliding_window=32,
+        mup_enabled=True, rope_parameters=dict(rope_type="default", rope_theta=1000.0)) | dict(route_norm=True)),
     # North (cohere2moe): a dense full-attention layer with RoPE, then sigmoid top-2 of 4 experts beside a
     # shared expert, averaged, on three sliding layers and a global one
     "cohere2moe": Spec("Cohere2MoeConfig", _common(

@@ -30,6 +30,7 @@ from gguf import GGUFReader, Keys
 from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import (
+    afmoe,
     blocks,
     cohere,
     deepseek2,
@@ -129,6 +130,9 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "olmo3 sliding window": ("olmo3", {key(Keys.Attention.SLIDING_WINDOW, "olmo2"): 1024}, None),
     "qwen2moe shared expert gate": ("qwen2moe", None, dropped("ffn_gate_inp_shexp.weight")),
     "seed_oss QKV biases": ("seed_oss", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
+    "afmoe attention gate": ("afmoe", None, zeroed("attn_gate.weight")),
+    "afmoe sliding window": ("afmoe", {key(Keys.Attention.SLIDING_WINDOW, "afmoe"): 1024}, None),
+    "afmoe selection bias": ("afmoe", None, zeroed("exp_probs_b.bias")),
     "glm-dsa sparse attention": ("glm-dsa", {key(Keys.Attention.Indexer.TOP_K, "glm-dsa"): 1024}, None),
     "deepseek32 sparse attention": ("deepseek32", {key(Keys.Attention.Indexer.TOP_K, "deepseek32"): 1024}, None),
     "gemma4 per-layer embeddings": ("gemma4", None, zeroed(".proj.weight")),
@@ -152,6 +156,7 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
 
 # features no metadata switches off: the code that computes them is patched out
 PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
+    "afmoe NoPE global layers": ("afmoe", afmoe, "NO_ROPE_STEP", 1000),
     "cohere2moe shared experts averaged": ("cohere2moe", cohere.AveragedSharedMoE, "finish", ffn.MoE.finish),
     "cohere2moe RoPE on the dense prefix": ("cohere2moe", cohere.Cohere2Moe, "attention_spec",
                                             cohere.Cohere2.attention_spec),

@@ -3,6 +3,7 @@ import functools
 
 from ...errors import UserError
 from ...gguf_io.reader import GGUFIndex
+from .afmoe import Afmoe
 from .cohere import Cohere2, Cohere2Moe, CommandR
 from .deepseek2 import Deepseek2
 from .deepseek32 import Deepseek32
@@ -43,7 +44,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
-    "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1,
+    "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe,
 }
 
 

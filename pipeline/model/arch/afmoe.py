@@ -1,0 +1,58 @@
+"""afmoe (Arcee's Trinity): each block between a norm of its input and one of its output, as
+Gemma 3's; attention with per-head QK-norm and a sigmoid gate of its own (attn_gate) on the
+heads' outputs, a sliding window on three layers of four, the fourth global and without RoPE
+(llama.cpp's fixed step of 4); the embedding scaled by sqrt(hidden) (llama.cpp's graph always
+scales it); past the leading dense blocks, experts routed by the file's gating function (sigmoid
+where it names none) with a selection bias, the file's weight norm and scale, beside shared
+experts."""
+import math
+from dataclasses import replace
+
+from gguf import MODEL_TENSOR as MT
+from gguf import Keys
+
+from .blocks import AttentionSpec
+from .family import DecoderArch, LayerSpec
+from .loading import BlockTensors
+from .modules import PrePostNormLayer
+
+NO_ROPE_STEP = 4   # llama.cpp's n_no_rope_layer_step, which no key of this family sets
+
+
+class Afmoe(DecoderArch):
+    neox_rope = True   # llama.cpp rotates this family half the width apart (its converter leaves Q/K as they are)
+    swa_period = 4
+    honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
+                         Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC,
+                         Keys.LLM.LEADING_DENSE_BLOCK_COUNT})
+
+    def __init__(self, gguf):
+        super().__init__(gguf)
+        self.embed_scale = math.sqrt(self.hp.hidden)
+
+    def read_gating(self) -> str:
+        return self.gating_in_file("sigmoid")
+
+    def normalizes_expert_weights(self) -> bool:
+        return self.weights_norm_in_file()
+
+    def ffn_kind(self, i: int) -> str:
+        return self.dense_then_experts(i)
+
+    def attention_spec(self, i: int) -> AttentionSpec:
+        spec = super().attention_spec(i)
+        if (i + 1) % NO_ROPE_STEP == 0:
+            spec = replace(spec, rope=None)
+        span = int(self.key(Keys.Attention.SLIDING_WINDOW, 0))   # none: every layer global
+        if not span or not self.is_sliding(i):
+            return spec
+        rope = spec.rope and replace(spec.rope, base=float(self.key(Keys.Rope.FREQ_BASE_SWA, spec.rope.base)))
+        return replace(spec, span=span, rope=rope)
+
+    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
+        return super().attention_weights(spec, t) | {"gate": t(MT.ATTN_GATE)}
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> PrePostNormLayer:
+        return PrePostNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
+                                attn_post_norm=t(MT.ATTN_POST_NORM), ffn_norm=t(MT.FFN_NORM),
+                                ffn=self.ffn(spec, t), ffn_post_norm=t(MT.FFN_POST_NORM))
