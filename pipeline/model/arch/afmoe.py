@@ -12,32 +12,21 @@ from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
 from .blocks import AttentionSpec
-from .family import DecoderArch, LayerSpec
+from .family import DecoderArch, DenseThenSigmoidExperts, LayerSpec
 from .loading import BlockTensors
 from .modules import PrePostNormLayer
 
 NO_ROPE_STEP = 4   # llama.cpp's n_no_rope_layer_step, which no key of this family sets
 
 
-class Afmoe(DecoderArch):
+class Afmoe(DenseThenSigmoidExperts, DecoderArch):
     neox_rope = True   # llama.cpp rotates this family half the width apart (its converter leaves Q/K as they are)
     swa_period = 4
-    honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
-                         Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC,
-                         Keys.LLM.LEADING_DENSE_BLOCK_COUNT})
+    honours = DenseThenSigmoidExperts.honours | {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN}
 
     def __init__(self, gguf):
         super().__init__(gguf)
         self.embed_scale = math.sqrt(self.hp.hidden)
-
-    def read_gating(self) -> str:
-        return self.gating_in_file("sigmoid")
-
-    def normalizes_expert_weights(self) -> bool:
-        return self.weights_norm_in_file()
-
-    def ffn_kind(self, i: int) -> str:
-        return self.dense_then_experts(i)
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)

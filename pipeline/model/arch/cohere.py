@@ -14,7 +14,7 @@ from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
 from .blocks import Attention, AttentionSpec, layer_norm, rms_norm
-from .family import DecoderArch, LayerSpec
+from .family import DecoderArch, DenseThenSigmoidExperts, LayerSpec
 from .ffn import MoE
 from .loading import BlockTensors
 from .modules import Layer
@@ -89,9 +89,8 @@ class AveragedSharedMoE(MoE):
         return ((out + self.shared(flat)) * 0.5).to(flat.dtype)
 
 
-class Cohere2Moe(Cohere2):
-    honours = Cohere2.honours | {Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE,
-                                 Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.LEADING_DENSE_BLOCK_COUNT}
+class Cohere2Moe(DenseThenSigmoidExperts, Cohere2):
+    honours = Cohere2.honours | DenseThenSigmoidExperts.honours
 
     def __init__(self, gguf):
         self.rms = gguf.arch_value(Keys.Attention.LAYERNORM_RMS_EPS) is not None   # llama.cpp: RMS where given
@@ -100,15 +99,6 @@ class Cohere2Moe(Cohere2):
 
     def rms_eps(self) -> float:
         return float(self.key(Keys.Attention.LAYERNORM_RMS_EPS)) if self.rms else super().rms_eps()
-
-    def read_gating(self) -> str:
-        return self.gating_in_file("sigmoid")
-
-    def normalizes_expert_weights(self) -> bool:
-        return self.weights_norm_in_file()
-
-    def ffn_kind(self, i: int) -> str:
-        return self.dense_then_experts(i)
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)

@@ -417,3 +417,20 @@ class DecoderArch:
         """How the family's graph ends: float32 logits [N, S] of a vocabulary slice -> the logits
         scored (a family with logit soft-capping or scales applies them here)."""
         return logits
+
+
+class DenseThenSigmoidExperts:
+    """A family whose loader reads leading_dense_block_count, expert_gating_func (sigmoid where the
+    file names none) and expert_weights_norm: dense blocks, then experts routed so (mixed in
+    before DecoderArch)."""
+    honours = frozenset({Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC,
+                         Keys.LLM.LEADING_DENSE_BLOCK_COUNT})
+
+    def read_gating(self) -> str:
+        return self.gating_in_file("sigmoid")
+
+    def normalizes_expert_weights(self) -> bool:
+        return self.weights_norm_in_file()
+
+    def ffn_kind(self, i: int) -> str:
+        return self.dense_then_experts(i)
