@@ -381,6 +381,19 @@ SPECS = {
     "cohere2": Spec("Cohere2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
                                              logit_scale=1.5) | dict(tie_word_embeddings=True),
                     raw_config={"rotary_pct": 1.0}),
+    # MiMo-V2-Flash (mimo2): a dense global layer, then three sliding ones with sinks and twice the KV
+    # heads, keys 16 wide and values 8, half of each head rotated, the attention output scaled;
+    # sigmoid top-2 of 4 experts with a selection bias. The converter reads the published config's
+    # keys (a model_type AutoConfig does not know makes it read config.json as written)
+    "mimo2": Spec("MiMoV2FlashConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+        routed_scaling_factor=1.0, norm_topk_prob=True, v_head_dim=8, sliding_window=32, attention_value_scale=0.707,
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+                         "sliding_attention": dict(rope_type="default", rope_theta=100.0, partial_rotary_factor=0.5)}),
+        convert_args=("--no-mtp",), drop_keys=("rope_parameters",), raw_config=dict(
+            hybrid_layer_pattern=[0, 1, 1, 1], swa_num_key_value_heads=4, swa_head_dim=16, swa_num_attention_heads=4,
+            swa_v_head_dim=8, topk_method="noaux_tc", layernorm_epsilon=1e-5, partial_rotary_factor=0.5,
+            rope_theta=10000.0, swa_rope_theta=100.0, model_type="mimo_v2")),
     # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
     # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
     # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)

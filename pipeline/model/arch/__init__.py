@@ -22,6 +22,7 @@ from .granite import Granite, GraniteHybrid
 from .lfm2 import Lfm2
 from .llama import Llama
 from .llama4 import Llama4
+from .mimo2 import Mimo2
 from .minimax_m2 import MinimaxM2
 from .mistral3 import Mistral3
 from .nemotron_h import NemotronH
@@ -44,7 +45,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "qwen2moe": Qwen2Moe, "glm4": Glm4, "exaone4": Exaone4, "smollm3": SmolLM3, "olmo2": Olmo2, "olmoe": Olmoe,
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
-    "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe,
+    "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
 }
 
 

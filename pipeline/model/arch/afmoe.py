@@ -32,11 +32,8 @@ class Afmoe(DenseThenSigmoidExperts, DecoderArch):
         spec = super().attention_spec(i)
         if (i + 1) % NO_ROPE_STEP == 0:
             spec = replace(spec, rope=None)
-        span = int(self.key(Keys.Attention.SLIDING_WINDOW, 0))   # none: every layer global
-        if not span or not self.is_sliding(i):
-            return spec
-        rope = spec.rope and replace(spec.rope, base=float(self.key(Keys.Rope.FREQ_BASE_SWA, spec.rope.base)))
-        return replace(spec, span=span, rope=rope)
+        windowed = int(self.key(Keys.Attention.SLIDING_WINDOW, 0)) and self.is_sliding(i)   # no window: all global
+        return self.sliding(spec) if windowed else spec
 
     def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
         return super().attention_weights(spec, t) | {"gate": t(MT.ATTN_GATE)}

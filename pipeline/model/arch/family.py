@@ -165,6 +165,11 @@ class DecoderArch:
         llama.cpp's defaults, which a file of such a family must state if it states them (rope.py)."""
         return {}
 
+    def sliding(self, spec: AttentionSpec) -> AttentionSpec:
+        """A sliding layer's spec: the file's window, the file's sliding RoPE base (else the trunk's)."""
+        rope = spec.rope and replace(spec.rope, base=float(self.key(Keys.Rope.FREQ_BASE_SWA, spec.rope.base)))
+        return replace(spec, span=int(self.key(Keys.Attention.SLIDING_WINDOW)), rope=rope)
+
     def is_sliding(self, i: int) -> bool:
         """llama.cpp's load_swa_pattern: a per-layer array, or a period (from the file or the
         family's `swa_period`) whose last layer attends globally; period 0: every layer slides."""

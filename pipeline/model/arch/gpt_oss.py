@@ -4,7 +4,6 @@ global), YaRN NeoX RoPE, biases on Q/K/V/O, on the router and on every expert; t
 logits are softmaxed among themselves; experts are gpt-oss's clamped SwiGLU; the post-attention
 norm is the FFN's pre-norm."""
 import math
-from dataclasses import replace
 
 import torch
 from gguf import MODEL_TENSOR as MT
@@ -48,10 +47,7 @@ class GptOss(DecoderArch):
 
     def attention_spec(self, i: int) -> AttentionSpec:
         spec = super().attention_spec(i)
-        if not self.is_sliding(i):
-            return spec
-        rope = replace(spec.rope, base=float(self.key(Keys.Rope.FREQ_BASE_SWA, spec.rope.base)))
-        return replace(spec, span=int(self.key(Keys.Attention.SLIDING_WINDOW)), rope=rope)
+        return self.sliding(spec) if self.is_sliding(i) else spec
 
     def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict[str, torch.Tensor | None]:
         return super().attention_weights(spec, t) | {"sinks": t(MT.ATTN_SINKS)}
