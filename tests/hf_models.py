@@ -231,9 +231,12 @@ SPECS = {
         raw_config={"architectures": ["Ministral3ForCausalLM"]}),
     # Mistral 4: DeepSeek-V3's graph (MLA, YaRN with mscale_all_dim, interleaved RoPE) with
     # softmax routing in groups beside a shared expert, under Mistral's converter; that converter
-    # writes no Llama-4 temperature for it and llama.cpp computes none: beta 0 in transformers
+    # writes no Llama-4 temperature for it and llama.cpp computes none: beta 0 in transformers.
+    # YaRN's mscale and mscale_all_dim 1, as published: the file carries only the second, and
+    # llama.cpp takes the first to be 1 for this architecture (transformers' attention scale
+    # disagrees with llama.cpp's where they differ)
     "mistral4": Spec("Mistral4Config", _deepseek(q_lora_rank=48, rope_parameters=dict(
-        YARN, mscale=0.8, mscale_all_dim=0.8, llama_4_scaling_beta=0.0)),
+        YARN, mscale=1.0, mscale_all_dim=1.0, llama_4_scaling_beta=0.0)),
         raw_config={"architectures": ["Ministral3ForCausalLM"]}, causal_lm="Mistral4ForCausalLM"),
     # the Qwen3-VL text trunk: sections [4, 1, 1] put pairs 4 and 5 of 8 on the fourth axis (a low
     # RoPE base makes their rotation count)

@@ -374,3 +374,15 @@ def test_glm_dsa_carries_the_shared_selection_exactly_in_16_bit_boundaries(tiny_
     x = torch.cat([torch.randn(2, T, 64), glm_dsa.pack_selection(selected, top_k, torch.float32)], dim=-1)
     _, carried = glm_dsa.unpack_selection(x.to(torch.bfloat16).to(torch.float32), top_k)
     assert torch.equal(carried, selected)
+
+
+def test_yarn_mscale_is_mscale_all_dim_for_deepseek2_files_only(tiny_model, tmp_path):
+    """A file holds only mscale_all_dim (0.1 x it, as rope.scaling.yarn_log_multiplier); llama.cpp
+    takes DeepSeek's mscale to be equal to it for deepseek2 files and to be 1 for mistral4 and
+    deepseek32 ones (llama-perplexity on the mistral4 fixture with 0.08 there: 2642.5152, ours
+    2642.5165; with mscale read as 0.8, 2746.33)."""
+    ds2 = load_architecture(GGUFIndex(tiny_model("deepseek2")[1]))
+    assert ds2.yarn_mscales() == pytest.approx((0.8, 0.8))
+    m4 = rewrite_gguf(tiny_model("mistral4")[1], tmp_path / "m4.gguf",
+                      metadata={key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral4"): 0.08})
+    assert load_architecture(GGUFIndex(m4)).yarn_mscales() == pytest.approx((1.0, 0.8))

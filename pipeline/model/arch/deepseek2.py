@@ -74,6 +74,7 @@ class LatentAttention(Attention):
 
 class Deepseek2(DecoderArch):
     fused_gate_up_experts = True   # Mistral 4's converter writes ffn_gate_up_exps; llama.cpp loads either
+    numerics = 2                   # 2: YaRN's mscale read as 1 for mistral4 files, as llama.cpp reads it
     honours = frozenset({Keys.Attention.Q_LORA_RANK, Keys.Attention.KV_LORA_RANK, Keys.LLM.EXPERT_WEIGHTS_NORM,
                          Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.LEADING_DENSE_BLOCK_COUNT,
                          Keys.Rope.SCALING_YARN_LOG_MUL})
@@ -121,10 +122,12 @@ class Deepseek2(DecoderArch):
                              scale=self.attention_scale(), rope=self.trunk_rope)
 
     def yarn_mscales(self) -> tuple[float, float]:
-        """The file holds 0.1 x mscale_all_dim; llama.cpp takes DeepSeek's mscale to be equal to it,
-        so that cos and sin are unscaled and the whole YaRN factor goes into the attention scale."""
+        """The file holds 0.1 x mscale_all_dim. llama.cpp takes DeepSeek's mscale to be equal to it
+        for deepseek2 files, so that cos and sin are unscaled and the whole YaRN factor goes into the
+        attention scale; for every other architecture of this graph (mistral4, deepseek32, glm-dsa)
+        it takes mscale to be 1 (llama-context.cpp)."""
         log_mul = float(self.key(Keys.Rope.SCALING_YARN_LOG_MUL, 0.0)) / 0.1
-        return log_mul, log_mul
+        return (log_mul if self.gguf.architecture == "deepseek2" else 1.0), log_mul
 
     def attention_scale(self) -> float:
         """llama.cpp's kq_scale: mscale^2 / sqrt(head size), mscale the RoPE's own factor (that of

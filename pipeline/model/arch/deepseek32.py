@@ -93,11 +93,6 @@ class Deepseek32(Deepseek2):
     honours = Deepseek2.honours | {Keys.Attention.Indexer.HEAD_COUNT, Keys.Attention.Indexer.KEY_LENGTH,
                                    Keys.Attention.Indexer.TOP_K}
 
-    def yarn_mscales(self) -> tuple[float, float]:
-        """llama.cpp takes DeepSeek's mscale equal to mscale_all_dim for deepseek2 files only: for
-        this family mscale is 1 (DeepSeek-V3.2 publishes both as 1)."""
-        return 1.0, super().yarn_mscales()[1]
-
     def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
         """Deepseek2's, and each query's selection of keys, [batch, ctx, ctx] bool."""
         return super().attention_score_bytes(batch, ctx, n_head, device) + batch * ctx * ctx
