@@ -84,10 +84,16 @@ def expert_slices(layer: int, fixed: int, budget: int, i: int, device: str, what
     if not n or room < per_expert:
         need = max(fixed + rest + (per_expert if n else expert_bytes), floor)
         smallest = f"; the smallest budget that works is {math.ceil(need / 2**20)} MiB" if n else ""
-        raise UserError(f"layer {i} on {device} needs about {(layer + fixed) / 2**30:.1f} GiB "
-                        f"({layer / 2**30:.1f} GiB of weights) but {what} is {budget / 2**30:.1f} GiB"
+        raise UserError(f"layer {i} on {device} needs about {size_text(layer + fixed)} "
+                        f"({size_text(layer)} of weights) but {what} is {size_text(budget)}"
                         + (f", and one of its {n} experts at a time does not fit either" if n else "") + smallest)
     return math.ceil(n / math.floor(room / per_expert))
+
+
+def size_text(n: int) -> str:
+    """Bytes as a refusal shows them: GiB to one decimal, MiB below a tenth of a GiB (where GiB
+    would read 0.0)."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 / 10 else f"{n / 2**20:.1f} MiB"
 
 
 def window_bytes(per_layer: list[int], experts: list[tuple[int, int]], w: Window) -> int:
