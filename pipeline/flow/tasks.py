@@ -322,10 +322,12 @@ class PlacedTask(OutputTask):
         return boundary
 
     def plan(self):
+        """(the corpus plan, its attributes), read once per task: it does not change while the task runs."""
         from ..store.arrays import load_plan
 
-        tokenize = self.clone(Tokenize)
-        return load_plan(tokenize.out_dir() / "tokens.zarr")
+        if "_plan" not in self.__dict__:
+            self._plan = load_plan(self.clone(Tokenize).out_dir() / "tokens.zarr")
+        return self._plan
 
     def chunk_ids(self, i: int):
         """The token ids [sequences, ctx] of chunk i of this task's shard, int64."""

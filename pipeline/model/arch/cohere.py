@@ -86,11 +86,14 @@ class AveragedSharedMoE(MoE):
     cohere2moe graph combines them."""
 
     def finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.shared is None:
+            return super().finish(flat, out)
         return ((out + self.shared(flat)) * 0.5).to(flat.dtype)
 
 
 class Cohere2Moe(DenseThenSigmoidExperts, Cohere2):
     honours = Cohere2.honours | DenseThenSigmoidExperts.honours
+    moe_block = AveragedSharedMoE
 
     def __init__(self, gguf):
         self.rms = gguf.arch_value(Keys.Attention.LAYERNORM_RMS_EPS) is not None   # llama.cpp: RMS where given
@@ -109,10 +112,3 @@ class Cohere2Moe(DenseThenSigmoidExperts, Cohere2):
     def layer(self, spec: LayerSpec, t: BlockTensors) -> CohereLayer:
         kind = RmsCohereLayer if self.rms else CohereLayer
         return kind(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t), ffn=self.ffn(spec, t))
-
-    def moe(self, i: int, t: BlockTensors) -> MoE:
-        moe = super().moe(i, t)
-        if moe.shared is None:
-            return moe
-        return AveragedSharedMoE(router=moe.router, experts=moe.experts, act=moe.act, routing=moe.routing,
-                                 shared=moe.shared)

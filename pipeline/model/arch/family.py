@@ -80,6 +80,7 @@ class DecoderArch:
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
     takes_token_ids = False                 # its layers take inputs from the token ids (token_inputs)
     sliceable_experts = True                # a layer's routed experts may run a slice at a time (model/sliced.py)
+    moe_block = MoE                         # the module of a layer's experts (ffn.MoE, or the family's)
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -376,10 +377,10 @@ class DecoderArch:
             shared = MLP(t(MT.FFN_UP_SHEXP), t(MT.FFN_DOWN_SHEXP), t(MT.FFN_GATE_SHEXP, required=False),
                          self.activation)
         router = t(MT.FFN_GATE_INP)
-        return MoE(router=router, experts=self.routed_experts(t), act=self.activation, routing=self.routing(i),
-                   selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
-                   shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False),
-                   weight_before_experts=self.weight_before_experts)
+        return self.moe_block(router=router, experts=self.routed_experts(t), act=self.activation,
+                              routing=self.routing(i), selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
+                              shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False),
+                              weight_before_experts=self.weight_before_experts)
 
     def routed_experts(self, t: BlockTensors) -> nn.Module:
         """The layer's routed experts: held with the window, or (t.expert_slices > 1) read a

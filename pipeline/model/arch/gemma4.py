@@ -20,10 +20,11 @@ output) with
 import functools
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, Keys
 from gguf import MODEL_TENSOR as MT
-from gguf import Keys
 
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
@@ -132,7 +133,8 @@ class PerLayerInputs(Weights):
 
     def __init__(self, arch: "Gemma4", first: int, last: int, device, dtype):
         P = arch.per_layer_width
-        proj = read_tensor(arch.gguf, "per_layer_model_proj.weight", device, dtype)[first * P:last * P]
+        name = "per_layer_model_proj.weight"     # this window's layers' rows only: [(last - first) P, hidden]
+        proj = dequantize(arch.gguf.raw(name)[first * P:last * P], arch.gguf.tensors[name].qtype, device, name, dtype)
         norm = read_tensor(arch.gguf, "per_layer_proj_norm.weight", device, torch.promote_types(dtype, torch.float32))
         super().__init__({"proj": proj, "norm": norm})
         self.arch, self.first, self.last, self.device, self.dtype = arch, first, last, device, dtype
@@ -140,17 +142,29 @@ class PerLayerInputs(Weights):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         arch, P = self.arch, self.arch.per_layer_width
         e = arch.embed(ids, self.device, self.dtype)                                   # [B, T, hidden]
-        name = "per_layer_token_embd.weight"
         unique, inverse = torch.unique(ids, return_inverse=True)
-        rows = dequantize(arch.gguf.raw(name)[unique.numpy()], arch.gguf.tensors[name].qtype, self.device, name,
-                          self.dtype).view(len(unique), -1, P)                        # [U, layers, P]
+        rows = self.token_rows(unique.numpy())                                          # [U, layers, P]
         inverse = inverse.to(self.device)
         inputs = []
-        for k, i in enumerate(range(self.first, self.last)):   # a layer at a time: the same numbers in any window
+        for k in range(self.last - self.first):   # a layer at a time: the same numbers in any window
             proj = F.linear(e, self.proj[k * P:(k + 1) * P]) * (1.0 / math.sqrt(arch.hp.hidden))     # [B, T, P]
-            tok = rows[:, i][inverse] * math.sqrt(P)                                                # [B, T, P]
+            tok = rows[:, k][inverse] * math.sqrt(P)                                                # [B, T, P]
             inputs.append((rms_norm(proj, self.norm, arch.hp.eps) + tok) * (1.0 / math.sqrt(2.0)))
         return torch.stack(inputs, dim=2)                                                # [B, T, layers, P]
+
+    def token_rows(self, tokens: np.ndarray) -> torch.Tensor:
+        """per_layer_token_embd's rows of `tokens`, this window's layers only where they fill whole
+        quantization blocks (else the whole rows, sliced after): [U, last - first, width]."""
+        gguf, P, name = self.arch.gguf, self.arch.per_layer_width, "per_layer_token_embd.weight"
+        qtype = gguf.tensors[name].qtype
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        a, b = self.first * P, self.last * P
+        raw = gguf.raw(name)[tokens]                                                    # [U, row bytes]
+        if a % block or b % block:
+            rows = dequantize(raw, qtype, self.device, name, self.dtype).view(len(tokens), -1, P)
+            return rows[:, self.first:self.last]
+        window = raw[:, a // block * type_size:b // block * type_size]
+        return dequantize(window, qtype, self.device, name, self.dtype).view(len(tokens), -1, P)
 
 
 class Gemma4(Gemma3):
