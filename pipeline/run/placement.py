@@ -83,7 +83,7 @@ def expert_slices(layer: int, fixed: int, budget: int, i: int, device: str, what
     room = budget - fixed - rest
     if not n or room < per_expert:
         need = max(fixed + rest + (per_expert if n else expert_bytes), floor)
-        smallest = f"; the smallest budget that works is {math.ceil(need / 2**20)} MiB" if n else ""
+        smallest = f"; the smallest budget that works is {math.ceil(need / 2**20)} MiB"
         raise UserError(f"layer {i} on {device} needs about {size_text(layer + fixed)} "
                         f"({size_text(layer)} of weights) but {what} is {size_text(budget)}"
                         + (f", and one of its {n} experts at a time does not fit either" if n else "") + smallest)
