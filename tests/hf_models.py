@@ -173,6 +173,19 @@ def llama_cpp_ties(model) -> None:
             indexer.forward = llama_selection()(indexer.forward)
 
 
+def kimi_hub_layout(out: Path) -> None:
+    """Kimi-Linear's dense MLP under `mlp`, as its published checkpoints (and so the converter)
+    name it, where transformers 5 saves it under the experts' `block_sparse_moe`."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = {re.sub(r"block_sparse_moe\.(gate|up|down)_proj", r"mlp.\1_proj", name): t
+               for name, t in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 def gemma4_scalars(model) -> None:
     """Gemma 4's scalars away from their initial 1: each layer's output scalar, the router's
     input scale and each expert's output scale, so that each shows."""
@@ -460,6 +473,20 @@ SPECS = {
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)).items()
         if k not in ("rope_interleave", "n_group", "topk_group")},
         special_tokens=("[gMASK]", "<|user|>", "<|observation|>"), reference=llama_cpp_ties),
+    # Kimi-Linear: KDA on layers 0, 1 and 3 (4 heads of 16, convolutions of 4), latent attention
+    # without RoPE on layer 2 (no query rank), a dense layer, then sigmoid top-2 of 4 experts with a
+    # selection bias, renormalised and scaled, beside a shared expert; the checkpoint's own config
+    # keys, which the converter reads
+    "kimi-linear": Spec("KimiLinearConfig", {k: v for k, v in _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_shared_experts=1,
+        num_local_experts=4, num_experts_per_tok=2, routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=32,
+        qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, q_lora_rank=None, linear_head_dim=16,
+        linear_num_heads=4, linear_conv_kernel_dim=4, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]).items()
+        if k != "head_dim"} | dict(num_key_value_heads=4),
+        raw_config=dict(first_k_dense_replace=1, moe_router_activation_func="sigmoid", linear_attn_config=dict(
+            full_attn_layers=[3], kda_layers=[1, 2, 4], head_dim=16, num_heads=4, short_conv_kernel_size=4)),
+        checkpoint=kimi_hub_layout),
     # Gemma 4 E2B's shape: per-layer embeddings (8 a layer), a window of 8 on every other layer (its
     # normed queries and keys attend broadly: a wider window hardly shows), global layers with their
     # own head size (32), the last two layers sharing the K/V of layers 2 and 3

@@ -34,10 +34,12 @@ from pipeline.model.arch import (
     blocks,
     cohere,
     deepseek2,
+    delta_net,
     exaone4,
     ffn,
     glm_dsa,
     gpt_oss,
+    kimi_linear,
     llama4,
     load_architecture,
     modules,
@@ -146,6 +148,9 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "gemma4 final soft-cap": ("gemma4", {key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "gemma4"): 1e6}, None),
     "gemma4_moe router input scale": ("gemma4_moe", None, ones("ffn_gate_inp.scale")),
     "gemma4_moe expert output scale": ("gemma4_moe", None, ones("ffn_down_exps.scale")),
+    "kimi-linear output gate": ("kimi-linear", None, zeroed("ssm_g_b.weight")),
+    "kimi-linear selection bias": ("kimi-linear", None, zeroed("exp_probs_b.bias")),
+    "kimi-linear weight scale": ("kimi-linear", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "kimi-linear"): None}, None),
 }
 
 
@@ -156,6 +161,14 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
     changed = rewrite_gguf(path, tmp_path / "changed.gguf", transform, metadata=metadata)
     ids = random_ids()
     assert abs(nll(path, ids) - nll(changed, ids)) > MOVED
+
+
+KIMI_LAYER_SPEC = kimi_linear.KimiLinear.layer_spec
+
+
+def rotated(spec, rope):
+    """A layer's spec with its attention (if any) under `rope`."""
+    return spec if spec.attention is None else replace(spec, attention=replace(spec.attention, rope=rope))
 
 
 # features no metadata switches off: the code that computes them is patched out
@@ -179,6 +192,13 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "olmoe weights not renormalised": ("olmoe", qwen2.Qwen2Moe, "normalizes_expert_weights", lambda self: True),
     "smollm3 NoPE layers": ("smollm3", smollm3, "NOPE_PERIOD", 10 ** 6),
     "olmo2 norms after the blocks": ("olmo2", modules.PostNormLayer, "norm", lambda self, x, weight: x),
+    # KDA's decay per key channel, against one per head (Gated DeltaNet's) of the channels' mean
+    "kimi-linear decay per key channel": ("kimi-linear", kimi_linear, "delta_rule_blockwise",
+                                          lambda q, k, v, g, *rest: delta_net.delta_rule_blockwise(
+                                              q, k, v, g.mean(-1), *rest)),
+    # its latent-attention layers rotate no key part (llama-perplexity agrees: README)
+    "kimi-linear latent attention without RoPE": ("kimi-linear", kimi_linear.KimiLinear, "layer_spec",
+                                                  lambda self, i: rotated(KIMI_LAYER_SPEC(self, i), self.trunk_rope)),
 }
 
 
@@ -282,6 +302,13 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
     ("granite", {"granite.deepstack_mapping": [-1, 0, -1]}, None, "deepstack_mapping = [-1, 0, -1] changes"),
     # llama.cpp never renormalises qwen2moe's top-k weights
     ("qwen2moe", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "qwen2moe"): True}, None, "expert_weights_norm = True changes"),
+    # and always renormalises kimi-linear's; it stops on a file that names no gating function
+    ("kimi-linear", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "kimi-linear"): False}, None,
+     "expert_weights_norm = False changes"),
+    ("kimi-linear", {key(Keys.LLM.EXPERT_GATING_FUNC, "kimi-linear"): None}, None,
+     "missing metadata key kimi-linear.expert_gating_func"),
+    ("kimi-linear", {key(Keys.SSM.CONV_KERNEL, "kimi-linear"): 3}, None,
+     "blk.0.ssm_conv1d_q.weight is [1, 64, 1, 4] where the metadata gives [64, 3]"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

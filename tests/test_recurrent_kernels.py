@@ -26,9 +26,17 @@ def delta_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
             torch.rand(b, T, h, generator=g, **F64))
 
 
+def kda_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
+    """Kimi Delta Attention's: one decay per key channel, some channels far faster than others."""
+    q, k, v, _, beta = delta_inputs(b, T, h, dk, dv, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    return q, k, v, -torch.rand(b, T, h, dk, generator=g, **F64) * torch.logspace(-2, 1, dk, **F64), beta
+
+
 # kernel -> (inputs, step-by-step reference, blockwise form, shape of its state)
 KERNELS = {"ssd": (ssd_inputs, ssd_reference, ssd_blockwise, (2, 3, 5, 4)),
-           "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6))}
+           "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6)),
+           "kda_rule": (kda_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6))}
 
 
 @pytest.mark.parametrize("with_state", [False, True])
@@ -65,11 +73,12 @@ def test_scans_continue_from_a_handed_over_state():
     tail, _ = ssd_blockwise(x[:, 70:], dt[:, 70:], A, B[:, 70:], C[:, 70:], s)
     torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
 
-    q, k, v, g, beta = delta_inputs(T=150)
-    whole, _ = delta_rule_blockwise(q, k, v, g, beta)
-    head, s = delta_rule_blockwise(q[:, :70], k[:, :70], v[:, :70], g[:, :70], beta[:, :70])
-    tail, _ = delta_rule_blockwise(q[:, 70:], k[:, 70:], v[:, 70:], g[:, 70:], beta[:, 70:], s)
-    torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
+    for inputs in (delta_inputs, kda_inputs):
+        q, k, v, g, beta = inputs(T=150)
+        whole, _ = delta_rule_blockwise(q, k, v, g, beta)
+        head, s = delta_rule_blockwise(q[:, :70], k[:, :70], v[:, :70], g[:, :70], beta[:, :70])
+        tail, _ = delta_rule_blockwise(q[:, 70:], k[:, 70:], v[:, 70:], g[:, 70:], beta[:, 70:], s)
+        torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
 
 
 def test_causal_conv1d_is_causal_and_resumable():

@@ -19,6 +19,7 @@ from .glm4moe import Glm4Moe
 from .glm_dsa import GlmDsa
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteHybrid
+from .kimi_linear import KimiLinear
 from .lfm2 import Lfm2
 from .llama import Llama
 from .llama4 import Llama4
@@ -46,6 +47,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
+    "kimi-linear": KimiLinear,
 }
 
 

@@ -52,19 +52,22 @@ class LatentAttention(Attention):
         query latent [B, T, q rank] (None in a "lite" file)."""
         B, T, _ = x.shape
         w, s = self.w, self.spec
-        rope: RopeSpec = s.rope
+        rope: RopeSpec | None = s.rope
         q_a = rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], self.eps) if "q_a" in w else None
         q = F.linear(x, w["q"]) if q_a is None else F.linear(q_a, w["q_b"])
         q = q.view(B, T, s.n_head, s.key_dim).transpose(1, 2)                      # [B, H, T, nope + rope]
-        q_nope, q_pe = q.split([s.key_dim - rope.dim, rope.dim], dim=-1)
-        kv, k_pe = F.linear(x, w["kv_a"]).split([self.kv_rank, rope.dim], dim=-1)  # [B, T, rank], [B, T, rope]
+        rope_dim = w["kv_a"].shape[0] - self.kv_rank                                # the decoupled key's width
+        kv, k_pe = F.linear(x, w["kv_a"]).split([self.kv_rank, rope_dim], dim=-1)  # [B, T, rank], [B, T, rope]
         kv = rms_norm(kv, w["kv_a_norm"], self.eps)                                 # [B, T, rank]
         k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
-            [s.key_dim - rope.dim, s.value_dim], dim=-1)                             # [B, H, T, nope], [.., value]
-        cos, sin = tables.rope(rope)
-        q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
-        k_pe = apply_rope(k_pe[:, None], cos, sin, rope).expand(B, s.n_head, T, rope.dim)
-        return q, torch.cat([k_nope, k_pe], dim=-1), v, q_a
+            [s.key_dim - rope_dim, s.value_dim], dim=-1)                             # [B, H, T, nope], [.., value]
+        k_pe = k_pe[:, None]                                                        # [B, 1, T, rope]
+        if rope is not None:   # (Kimi Linear rotates nothing)
+            cos, sin = tables.rope(rope)
+            q_nope, q_pe = q.split([s.key_dim - rope_dim, rope_dim], dim=-1)
+            q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
+            k_pe = apply_rope(k_pe, cos, sin, rope)
+        return q, torch.cat([k_nope, k_pe.expand(B, s.n_head, T, rope_dim)], dim=-1), v, q_a
 
     def output(self, y: torch.Tensor) -> torch.Tensor:
         """The heads' outputs y [B, H, T, value_dim] -> [B, T, hidden]."""
@@ -155,7 +158,7 @@ class Deepseek2(DecoderArch):
         """Every latent-attention tensor against the heads, head sizes and ranks of the metadata."""
         hidden, rank, rope_dim, value_dim = self.hp.hidden, self.kv_rank(), self.trunk_rope.dim, self.value_dim()
         q_rank = int(self.key(Keys.Attention.Q_LORA_RANK, 0))
-        for spec in self.specs:
+        for spec in (s for s in self.specs if s.mixer == "latent_attention"):
             a, nope = spec.attention, spec.attention.key_dim - rope_dim
             if nope < 1:
                 raise UserError(f"{self.gguf.path}: head size {a.key_dim} leaves no room beside the RoPE part "
