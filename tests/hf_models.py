@@ -186,6 +186,24 @@ def kimi_hub_layout(out: Path) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def step35_hub_config(out: Path) -> None:
+    """Step-3.7-Flash's config.json as published (and so as the converter reads it, raw): the text
+    trunk's keys under their hub names, which transformers' config renames or drops."""
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    text = cfg["text_config"]
+    rope = text["rope_parameters"]
+    text.update(attention_other_setting={"num_attention_heads": text["num_sliding_attention_heads"],
+                                         "num_attention_groups": text["num_key_value_heads"]},
+                num_attention_groups=text["num_key_value_heads"], moe_num_experts=text["n_routed_experts"],
+                moe_top_k=text["num_experts_per_tok"], norm_expert_weight=True,
+                moe_layers_enum=",".join(str(i) for i, kind in enumerate(text["mlp_layer_types"]) if kind == "sparse"),
+                rope_theta=[rope[kind]["rope_theta"] for kind in text["layer_types"]],
+                partial_rotary_factors=[rope[kind]["partial_rotary_factor"] for kind in text["layer_types"]])
+    cfg["model_type"] = "step3p7_hub"   # unknown to AutoConfig: the converter reads the file as it is
+    path.write_text(json.dumps(cfg, indent=1))
+
+
 def gemma4_scalars(model) -> None:
     """Gemma 4's scalars away from their initial 1: each layer's output scalar, the router's
     input scale and each expert's output scale, so that each shows."""
@@ -197,6 +215,7 @@ def gemma4_scalars(model) -> None:
 # the smallest Qwen3-VL vision tower: the converter takes the text trunk and its deepstack count
 TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                    deepstack_visual_indexes=[0])
+TINY_STEP_VISION = dict(width=32, layers=1, heads=2, image_size=28, patch_size=14)
 
 
 @dataclass
@@ -208,6 +227,7 @@ class Spec:
     convert_args: tuple = ()
     special_tokens: tuple = ()                       # added to the tokenizer (a converter may look them up)
     multimodal: str = ""             # a transformers class with a vision tower: `kwargs` are its text_config
+    vision: dict = field(default_factory=lambda: TINY_VISION)   # ... and this its vision_config
     reference: object = None         # applied to the transformers model, where llama.cpp defines the file otherwise
     checkpoint: object = None        # applied to the saved checkpoint's folder, for the converter
     prepare: object = None           # applied to the random model before it is saved
@@ -487,6 +507,18 @@ SPECS = {
         raw_config=dict(first_k_dense_replace=1, moe_router_activation_func="sigmoid", linear_attn_config=dict(
             full_attn_layers=[3], kda_layers=[1, 2, 4], head_dim=16, num_heads=4, short_conv_kernel_size=4)),
         checkpoint=kimi_hub_layout),
+    # Step-3.5 (Step-3.7-Flash's text trunk): a dense global layer, then two sliding ones with twice the
+    # heads, all their width rotated at their own base, and a global one rotating half; a sigmoid gate
+    # per head; sigmoid top-2 of 4 experts with a selection bias beside a shared expert; SwiGLU limits on
+    # the last layer's experts and shared expert
+    "step35": Spec("Step3p7Config", _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+        share_expert_dim=48, sliding_window=32, num_sliding_attention_heads=8, moe_router_scaling_factor=2.0,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"], swiglu_limits=[0.0, 0.0, 0.0, 1.5],
+        swiglu_limits_shared=[0.0, 0.0, 0.0, 1.2], rope_theta=[1000.0, 100.0, 100.0, 1000.0],
+        partial_rotary_factors=[0.5, 1.0, 1.0, 0.5]),
+        multimodal="Step3p7ForConditionalGeneration", vision=TINY_STEP_VISION, checkpoint=step35_hub_config),
     # Gemma 4 E2B's shape: per-layer embeddings (8 a layer), a window of 8 on every other layer (its
     # normed queries and keys attend broadly: a wider window hardly shows), global layers with their
     # own head size (32), the last two layers sharing the K/V of layers 2 and 3
@@ -514,7 +546,7 @@ def build_hf(name: str, out: Path, seed: int = 0):
     spec = SPECS[name]
     torch.manual_seed(seed)
     if spec.multimodal:
-        config = getattr(transformers, spec.config)(text_config=spec.kwargs, vision_config=TINY_VISION,
+        config = getattr(transformers, spec.config)(text_config=spec.kwargs, vision_config=spec.vision,
                                                     tie_word_embeddings=False)
         model = getattr(transformers, spec.multimodal)._from_config(config, dtype=torch.float32).eval()
     else:

@@ -151,6 +151,12 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "kimi-linear output gate": ("kimi-linear", None, zeroed("ssm_g_b.weight")),
     "kimi-linear selection bias": ("kimi-linear", None, zeroed("exp_probs_b.bias")),
     "kimi-linear weight scale": ("kimi-linear", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "kimi-linear"): None}, None),
+    "step35 gate per head": ("step35", None, zeroed("attn_gate.weight")),
+    "step35 sliding window": ("step35", {key(Keys.Attention.SLIDING_WINDOW, "step35"): 1024}, None),
+    "step35 sliding RoPE base": ("step35", {key(Keys.Rope.FREQ_BASE_SWA, "step35"): None}, None),
+    "step35 sliding layers' rotated width": ("step35", {"step35.rope.dimension_count_swa": 8}, None),
+    "step35 experts' SwiGLU limit": ("step35", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "step35"): None}, None),
+    "step35 shared expert's SwiGLU limit": ("step35", {key(Keys.LLM.SWIGLU_CLAMP_SHEXP, "step35"): None}, None),
 }
 
 
@@ -413,3 +419,17 @@ def test_yarn_mscale_is_mscale_all_dim_for_deepseek2_files_only(tiny_model, tmp_
     m4 = rewrite_gguf(tiny_model("mistral4")[1], tmp_path / "m4.gguf",
                       metadata={key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral4"): 0.08})
     assert load_architecture(GGUFIndex(m4)).yarn_mscales() == pytest.approx((1.0, 0.8))
+
+
+def test_step35_rope_factors_reach_its_global_layers_only(tiny_model, tmp_path):
+    # llama.cpp's graph passes rope_freqs to the global layers, over the half of each head they
+    # rotate (llama-perplexity on this file: 2732.0642, ours 2732.0639; without it 2652.8107 / 2652.8103)
+    _, path = tiny_model("step35")
+    factors = np.array([1.0, 3.0, 40.0, 9.0, 1.0, 1.0, 1.0, 1.0], dtype=np.float32)   # head size / 2, padded with 1
+    scaled = rewrite_gguf(path, tmp_path / "factors.gguf", extra={"rope_freqs.weight": (factors, Q.F32)})
+    arch = load_architecture(GGUFIndex(scaled))
+    ropes = [spec.attention.rope for spec in arch.specs]
+    assert [(r.dim, r.freq_factors) for r in ropes] == [(8, (1.0, 3.0, 40.0, 9.0)), (16, None), (16, None),
+                                                        (8, (1.0, 3.0, 40.0, 9.0))]
+    ids = random_ids()
+    assert abs(nll(scaled, ids) - nll(path, ids)) > MOVED

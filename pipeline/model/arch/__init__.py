@@ -34,6 +34,7 @@ from .qwen2 import Qwen2, Qwen2Moe, Qwen3VL
 from .qwen3next import Qwen3Next, Qwen35
 from .seed_oss import SeedOss
 from .smollm3 import SmolLM3
+from .step35 import Step35
 
 ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "gemma4": Gemma4, "qwen3": Qwen2, "qwen3moe": Qwen2,
@@ -47,7 +48,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
-    "kimi-linear": KimiLinear,
+    "kimi-linear": KimiLinear, "step35": Step35,
 }
 
 

@@ -323,11 +323,17 @@ class DecoderArch:
     def ffn(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         if spec.ffn == "moe":
             return self.moe(spec.index, t)
+        glu = self.gated_unit(spec.index, shared=True)
         if self.fused_gate_up_mlp:
             gate, up = t(MT.FFN_UP).chunk(2, dim=0)     # [2 ff, hidden], the gate's rows first
-            return MLP(up, t(MT.FFN_DOWN), gate, self.activation)
+            return MLP(up, t(MT.FFN_DOWN), gate, self.activation, glu=glu)
         return MLP(t(MT.FFN_UP), t(MT.FFN_DOWN), t(MT.FFN_GATE, required=False), self.activation,
-                   t(MT.FFN_UP, "bias", required=False), t(MT.FFN_DOWN, "bias", required=False))
+                   t(MT.FFN_UP, "bias", required=False), t(MT.FFN_DOWN, "bias", required=False), glu=glu)
+
+    def gated_unit(self, i: int, shared: bool = False):
+        """The gated unit of layer i's routed experts (`shared`: of its dense or shared MLP) where it
+        is not act(gate) * up; None: it is."""
+        return None
 
     def normalizes_expert_weights(self) -> bool:
         """Whether the top-k weights are renormalised: always by the softmax families; where the
@@ -375,12 +381,12 @@ class DecoderArch:
         shared = None
         if t.has(MT.FFN_UP_SHEXP):
             shared = MLP(t(MT.FFN_UP_SHEXP), t(MT.FFN_DOWN_SHEXP), t(MT.FFN_GATE_SHEXP, required=False),
-                         self.activation)
+                         self.activation, glu=self.gated_unit(i, shared=True))
         router = t(MT.FFN_GATE_INP)
         return self.moe_block(router=router, experts=self.routed_experts(t), act=self.activation,
                               routing=self.routing(i), selection_bias=t(MT.FFN_EXP_PROBS_B, "bias", required=False),
                               shared=shared, shared_gate=t(MT.FFN_GATE_INP_SHEXP, required=False),
-                              weight_before_experts=self.weight_before_experts)
+                              glu=self.gated_unit(i), weight_before_experts=self.weight_before_experts)
 
     def routed_experts(self, t: BlockTensors) -> nn.Module:
         """The layer's routed experts: held with the window, or (t.expert_slices > 1) read a

@@ -1,4 +1,5 @@
 """Feed-forward blocks: the dense MLP (gated or not) and the mixture of experts."""
+import functools
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,12 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit
     return gate * torch.sigmoid(alpha * gate) * (up.clamp(-limit, limit) + 1)
 
 
+def swiglu_limited(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """llama.cpp's SwiGLU under a limit (swiglu_clamp_exp / swiglu_clamp_shexp, Step-3.5's): silu(gate)
+    clamped above at `limit`, times the up projection clamped to +-limit."""
+    return F.silu(gate).clamp(max=limit) * up.clamp(-limit, limit)
+
+
 def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
                  up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
                  gate_bias: torch.Tensor | None = None, glu=None) -> torch.Tensor:
@@ -39,18 +46,18 @@ def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: to
 
 
 class MLP(Weights):
-    """down(act(gate x) * up x), or down(act(up x)) where there is no gate."""
+    """down(act(gate x) * up x) (or the gated unit `glu`'s), or down(act(up x)) where there is no gate."""
 
     def __init__(self, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
-                 up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None):
+                 up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None, glu=None):
         super().__init__({"up": up, "down": down, "gate": gate, "up_bias": up_bias, "down_bias": down_bias})
-        self.act = act
+        self.act, self.glu = act, glu
 
     def describe(self) -> str:
-        return f"act={_name(self.act)}"
+        return f"act={_name(self.glu or self.act)}"
 
     def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
-        return feed_forward(x, self.up, self.down, self.gate, self.act, self.up_bias, self.down_bias)
+        return feed_forward(x, self.up, self.down, self.gate, self.act, self.up_bias, self.down_bias, glu=self.glu)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
 
 
 def _name(fn) -> str:
+    if isinstance(fn, functools.partial):   # a unit with its settings, as "swiglu_limited(limit=7)"
+        return f"{_name(fn.func)}({', '.join(f'{k}={v:g}' for k, v in fn.keywords.items())})"
     return getattr(fn, "__name__", repr(fn))
 
 
