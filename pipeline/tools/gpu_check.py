@@ -6,7 +6,9 @@ For each model of the settings (registered ones, and small synthetic ones writte
 data/models/ on first use, so the GPU host needs neither a converter nor any network beyond the
 registered models; between them every attention and FFN form computed: sliding windows, latent
 attention, sinks, chunked attention past 8192 tokens, NoPE layers with the attention
-temperature, Mamba2, Gated DeltaNet, routed and shared experts, expert slices): a float32 CPU
+temperature, DeepSeek Sparse Attention, Mamba2, Gated DeltaNet, Kimi Delta Attention, routed and
+shared experts, expert slices; a model's settings may set its own chunks, corpus and
+mean_nll_rel_tol): a float32 CPU
 pass, then in the configured compute dtype on the GPU a whole-trunk pass, a cycled one and a
 split one (`--gpu-layers` from `--first-layer`, the other layers on the CPU). Then a
 `--kl-base` pass of two models that share a tokenizer. Prints mean NLL, PPL, tokens/s, the
@@ -84,8 +86,9 @@ def check_model(alias: str, cfg: dict) -> tuple[bool, dict]:
     from ..model.arch import load_architecture
 
     model = synthetic_or_registered(alias, cfg.get("synthetic", {}))
-    ctx = cfg["models"][alias].get("ctx", 512)
-    cfg = cfg | {k: cfg["models"][alias][k] for k in ("chunks", "corpus") if k in cfg["models"][alias]}
+    own = cfg["models"][alias]
+    ctx = own.get("ctx", 512)
+    cfg = cfg | {k: own[k] for k in ("chunks", "corpus", "mean_nll_rel_tol") if k in own}
     n_layers = load_architecture(open_gguf(str(model))).hp.n_layers
     dev, dtype = cfg["device"], cfg["compute_dtype"]
     with tempfile.TemporaryDirectory(prefix="layercycle-gpu-check-") as tmp:
@@ -97,7 +100,7 @@ def check_model(alias: str, cfg: dict) -> tuple[bool, dict]:
             f"{dev} {dtype} split": dict(window_layers=cfg["window_layers"], gpu_layers=n_layers // 2,
                                          first_layer=n_layers // 4),
         }
-        sliced = cfg["models"][alias].get("sliced")
+        sliced = own.get("sliced")
         if sliced:
             held = sliced["compute_dtype"]
             plans |= {f"{dev} {held} experts held": dict(window_layers=0, compute_dtype=held),

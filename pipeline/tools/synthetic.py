@@ -7,7 +7,10 @@ Families: `llama` (dense), `qwen3moe` (QK-norm attention, softmax-routed SwiGLU 
 sigmoid-routed squared-ReLU experts `E` with a selection bias and a shared expert; as llama.cpp
 reads this family, every feed-forward layer is one of experts) and `deepseek2` (multi-head latent
 attention, leading dense layers, then sigmoid-routed experts in groups with a selection bias and
-a shared expert, YaRN as DeepSeek-V3 sets it), `gpt-oss` (attention sinks, a sliding window on
+a shared expert, YaRN as DeepSeek-V3 sets it), `deepseek32` (deepseek2's with DeepSeek Sparse
+Attention: a lightning indexer picks each query's `index_top_k` keys), `kimi-linear` (Kimi Delta
+Attention layers, latent attention without RoPE every `attention_every`-th layer, leading dense
+layers, then deepseek2's experts without groups), `gpt-oss` (attention sinks, a sliding window on
 every other layer, biases on attention, router and experts, clamped SwiGLU experts), `llama4`
 (no RoPE and the attention temperature every fourth layer, chunked attention on the others,
 weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_every`-th layer)
@@ -60,7 +63,10 @@ class Shape:
     groups_used: int = 0
     sliding_window: int = 0    # gpt-oss: the span of its sliding layers; llama4: 0 turns chunks off
     moe_every: int = 1         # llama4: every n-th layer a MoE, the others a dense MLP
-    attention_every: int = 4   # qwen3next: every n-th layer attends, the others are DeltaNet
+    attention_every: int = 4   # qwen3next, kimi-linear: every n-th layer attends, the others are DeltaNet or KDA
+    index_heads: int = 0       # deepseek32's indexer: heads, their size and the keys each query keeps
+    index_dim: int = 0
+    index_top_k: int = 0
     head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
 
     @property
@@ -68,11 +74,11 @@ class Shape:
         return self.head_dim or self.hidden // self.heads
 
     def kind(self, i: int) -> str:
-        """Layer i's op: `M`, `E` or `*` (nemotron_h_moe); `D`, a DeltaNet layer and a
-        feed-forward block (qwen3next); elsewhere attention and a feed-forward block (`A`)."""
+        """Layer i's op: `M`, `E` or `*` (nemotron_h_moe); `D`, a DeltaNet (qwen3next) or KDA
+        (kimi-linear) layer and a feed-forward block; elsewhere attention and a feed-forward block (`A`)."""
         if self.family == "nemotron_h_moe":
             return self.pattern[i]
-        if self.family == "qwen3next" and (i + 1) % self.attention_every:
+        if self.family in ("qwen3next", "kimi-linear") and (i + 1) % self.attention_every:
             return "D"
         return "A"
 
@@ -83,10 +89,13 @@ class Shape:
         return self.family in GATED_EXPERTS and i >= self.dense_layers
 
 
-FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "gpt-oss", "llama4", "qwen3next")
-# SwiGLU experts (nemotron_h_moe's have no gate), and the families with a shared expert
-GATED_EXPERTS = ("qwen3moe", "deepseek2", "gpt-oss", "llama4", "qwen3next")
-SHARED_EXPERT = ("nemotron_h_moe", "deepseek2", "llama4", "qwen3next")
+FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gpt-oss", "llama4",
+            "qwen3next")
+LATENT = ("deepseek2", "deepseek32", "kimi-linear")    # multi-head latent attention
+# SwiGLU experts (nemotron_h_moe's have no gate), the families with a shared expert, with a selection bias
+GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "qwen3next", *LATENT)
+SHARED_EXPERT = ("nemotron_h_moe", "llama4", "qwen3next", *LATENT)
+SELECTION_BIAS = ("nemotron_h_moe", *LATENT)
 
 
 def check_shape(shape: Shape) -> None:
@@ -145,9 +154,9 @@ class _Tensors:
             p, kind = f"blk.{i}.", s.kind(i)
             self.vector(p + "attn_norm.weight", h)
             if kind in "A*":
-                self.latent_attention(p) if s.family == "deepseek2" else self.attention(p)
+                self.latent_attention(p) if s.family in LATENT else self.attention(p)
             if kind == "D":
-                self.delta_net(p)
+                self.kda(p) if s.family == "kimi-linear" else self.delta_net(p)
             if kind in "AD":
                 # gpt-oss and qwen3next store the FFN's pre-norm as the post-attention norm
                 post = s.family in ("gpt-oss", "qwen3next")
@@ -189,12 +198,38 @@ class _Tensors:
         self.vector(p + "ssm_norm.weight", s.ssm_head_dim)
         self.matrix(p + "ssm_out.weight", h, values)
 
+    def kda(self, p: str) -> None:
+        """A Kimi Delta Attention mixer: `heads` heads of ssm_head_dim."""
+        s, h, d = self.s, self.s.hidden, self.s.ssm_head_dim
+        inner = s.heads * d
+        for name in ("q", "k", "v"):
+            self.matrix(p + f"attn_{name}.weight", inner, h)
+            self.vector(p + f"ssm_conv1d_{name}.weight", inner, 1, s.conv_kernel,
+                        fill=("normal", 1 / np.sqrt(s.conv_kernel)))
+        for name in ("f", "g"):   # the forget gate's and the output gate's low-rank projections
+            self.matrix(p + f"ssm_{name}_a.weight", d, h)
+            self.matrix(p + f"ssm_{name}_b.weight", inner, d)
+        self.vector(p + "ssm_beta.weight", s.heads, h, fill=("normal", 1 / np.sqrt(h)))
+        self.vector(p + "ssm_dt.bias", inner, fill=("dt_bias",))
+        self.vector(p + "ssm_a", s.heads, 1, fill=("ssm_a",))
+        self.vector(p + "ssm_norm.weight", d)
+        self.matrix(p + "attn_output.weight", h, inner)
+
     def latent_attention(self, p: str) -> None:
         s, h = self.s, self.s.hidden
         nope = s.key_dim - s.rope_dim
-        self.matrix(p + "attn_q_a.weight", s.q_lora_rank, h)
-        self.vector(p + "attn_q_a_norm.weight", s.q_lora_rank)
-        self.matrix(p + "attn_q_b.weight", s.heads * s.key_dim, s.q_lora_rank)
+        if s.q_lora_rank:
+            self.matrix(p + "attn_q_a.weight", s.q_lora_rank, h)
+            self.vector(p + "attn_q_a_norm.weight", s.q_lora_rank)
+            self.matrix(p + "attn_q_b.weight", s.heads * s.key_dim, s.q_lora_rank)
+        else:   # a "lite" file's queries from one projection
+            self.matrix(p + "attn_q.weight", s.heads * s.key_dim, h)
+        if s.family == "deepseek32":   # the lightning indexer, its query from the query latent
+            self.matrix(p + "indexer.attn_q_b.weight", s.index_heads * s.index_dim, s.q_lora_rank)
+            self.matrix(p + "indexer.attn_k.weight", s.index_dim, h)
+            self.vector(p + "indexer.k_norm.weight", s.index_dim)
+            self.vector(p + "indexer.k_norm.bias", s.index_dim, fill=("zeros",))
+            self.vector(p + "indexer.proj.weight", s.index_heads, h, fill=("normal", 1 / np.sqrt(h)))
         self.matrix(p + "attn_kv_a_mqa.weight", s.kv_lora_rank + s.rope_dim, h)
         self.vector(p + "attn_kv_a_norm.weight", s.kv_lora_rank)
         self.matrix(p + "attn_k_b.weight", s.heads, s.kv_lora_rank, nope)
@@ -218,7 +253,7 @@ class _Tensors:
             self.vector(p + "ffn_gate_inp.bias", e, fill=("normal", 0.01))
             for name, width in (("gate", f), ("up", f), ("down", h)):
                 self.vector(p + f"ffn_{name}_exps.bias", e, width, fill=("normal", 0.02))
-        if s.family in ("nemotron_h_moe", "deepseek2"):
+        if s.family in SELECTION_BIAS:
             self.vector(p + "exp_probs_b.bias", e, fill=("normal", 0.01))
         if s.family in SHARED_EXPERT:
             if s.family != "nemotron_h_moe":
@@ -292,24 +327,31 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_expert_weights_norm(True)
     else:
         w.add_feed_forward_length(s.ffn)
-        w.add_head_count_kv(1 if s.family == "deepseek2" else s.kv_heads)
         w.add_layer_norm_rms_eps(1e-6)
-    if s.family != "deepseek2":
+        if s.family == "kimi-linear":    # KV heads on the latent-attention layers only
+            w.add_head_count_kv([1 if s.kind(i) == "A" else 0 for i in range(s.layers)])
+            w.add_kda_head_dim(s.ssm_head_dim)
+            w.add_ssm_conv_kernel(s.conv_kernel)
+        else:
+            w.add_head_count_kv(1 if s.family in LATENT else s.kv_heads)
+    if s.family not in LATENT:
         w.add_key_length(s.key_dim)
         w.add_value_length(s.key_dim)
         w.add_rope_dimension_count(s.rope_dim or s.key_dim)
-    else:                               # as DeepSeek-V3's files: latent attention, YaRN x40, routing
+    else:                               # as DeepSeek-V3's files: latent attention, routing (YaRN x40 but Kimi's)
         w.add_key_length(s.kv_lora_rank + s.rope_dim)
         w.add_value_length(s.kv_lora_rank)
         w.add_key_length_mla(s.key_dim)
         w.add_value_length_mla(s.value_dim)
         w.add_rope_dimension_count(s.rope_dim)
-        w.add_q_lora_rank(s.q_lora_rank)
+        if s.q_lora_rank:
+            w.add_q_lora_rank(s.q_lora_rank)
         w.add_kv_lora_rank(s.kv_lora_rank)
-        w.add_rope_scaling_type(RopeScalingType.YARN)
-        w.add_rope_scaling_factor(40.0)
-        w.add_rope_scaling_orig_ctx_len(s.context)
-        w.add_rope_scaling_yarn_log_mul(0.1)
+        if s.family != "kimi-linear":
+            w.add_rope_scaling_type(RopeScalingType.YARN)
+            w.add_rope_scaling_factor(40.0)
+            w.add_rope_scaling_orig_ctx_len(s.context)
+            w.add_rope_scaling_yarn_log_mul(0.1)
         w.add_leading_dense_block_count(s.dense_layers)
         w.add_expert_shared_count(1)
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
@@ -318,6 +360,10 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         if s.expert_groups:
             w.add_expert_group_count(s.expert_groups)
             w.add_expert_group_used_count(s.groups_used)
+    if s.family == "deepseek32":
+        w.add_indexer_head_count(s.index_heads)
+        w.add_indexer_key_length(s.index_dim)
+        w.add_indexer_top_k(s.index_top_k)
     if s.experts:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
