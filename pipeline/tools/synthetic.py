@@ -10,7 +10,10 @@ attention, leading dense layers, then sigmoid-routed experts in groups with a se
 a shared expert, YaRN as DeepSeek-V3 sets it), `deepseek32` (deepseek2's with DeepSeek Sparse
 Attention: a lightning indexer picks each query's `index_top_k` keys), `kimi-linear` (Kimi Delta
 Attention layers, latent attention without RoPE every `attention_every`-th layer, leading dense
-layers, then deepseek2's experts without groups), `gpt-oss` (attention sinks, a sliding window on
+layers, then deepseek2's experts without groups), `gemma4` (Gemma 4 E2B-like: sliding layers with
+a global one every `attention_every`-th, proportional RoPE and their own head size on the global
+ones, the last `shared_kv_layers` layers over the K/V of earlier ones, per-layer embeddings,
+post-norms, output scales and the final soft-cap), `gpt-oss` (attention sinks, a sliding window on
 every other layer, biases on attention, router and experts, clamped SwiGLU experts), `llama4`
 (no RoPE and the attention temperature every fourth layer, chunked attention on the others,
 weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_every`-th layer)
@@ -67,6 +70,9 @@ class Shape:
     index_heads: int = 0       # deepseek32's indexer: heads, their size and the keys each query keeps
     index_dim: int = 0
     index_top_k: int = 0
+    global_head_dim: int = 0   # gemma4: the global layers' head size,
+    shared_kv_layers: int = 0  # the last layers that attend over earlier layers' K/V,
+    per_layer_dim: int = 0     # and the per-layer embeddings' width
     head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
 
     @property
@@ -82,6 +88,10 @@ class Shape:
             return "D"
         return "A"
 
+    def is_sliding(self, i: int) -> bool:
+        """gemma4: layer i attends over a window (every `attention_every`-th layer globally)."""
+        return (i + 1) % self.attention_every != 0
+
     def has_experts(self, i: int) -> bool:
         """Whether layer i's feed-forward block (`A` or `D`) is a mixture of experts."""
         if self.family == "llama4":
@@ -89,8 +99,8 @@ class Shape:
         return self.family in GATED_EXPERTS and i >= self.dense_layers
 
 
-FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gpt-oss", "llama4",
-            "qwen3next")
+FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gemma4", "gpt-oss",
+            "llama4", "qwen3next")
 LATENT = ("deepseek2", "deepseek32", "kimi-linear")    # multi-head latent attention
 # SwiGLU experts (nemotron_h_moe's have no gate), the families with a shared expert, with a selection bias
 GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "qwen3next", *LATENT)
@@ -150,6 +160,8 @@ class _Tensors:
         self.matrix("token_embd.weight", self.vocab, h, gain=np.sqrt(h))   # embeddings of std 1
         self.vector("output_norm.weight", h)
         self.matrix("output.weight", self.vocab, h, gain=s.head_gain)
+        if s.family == "gemma4":
+            return self.gemma4()
         for i in range(s.layers):
             p, kind = f"blk.{i}.", s.kind(i)
             self.vector(p + "attn_norm.weight", h)
@@ -197,6 +209,32 @@ class _Tensors:
         self.vector(p + "ssm_a", s.ssm_heads, fill=("ssm_a",))
         self.vector(p + "ssm_norm.weight", s.ssm_head_dim)
         self.matrix(p + "ssm_out.weight", h, values)
+
+    def gemma4(self) -> list:
+        """Gemma 4's per-layer embeddings and RoPE factors, then each layer: attention over its own K/V
+        (the last shared_kv_layers have none), its post-norms, the MLP, the per-layer input's gate and
+        projection, the output scale."""
+        s, h, ple = self.s, self.s.hidden, self.s.per_layer_dim
+        self.matrix("per_layer_token_embd.weight", self.vocab, s.layers * ple, gain=np.sqrt(ple))
+        self.matrix("per_layer_model_proj.weight", s.layers * ple, h)
+        self.vector("per_layer_proj_norm.weight", ple)
+        self.vector("rope_freqs.weight", s.global_head_dim // 2, fill=("proportional", s.global_head_dim // 4))
+        for i in range(s.layers):
+            p, d = f"blk.{i}.", s.key_dim if s.is_sliding(i) else s.global_head_dim
+            self.matrix(p + "attn_q.weight", s.heads * d, h)
+            self.vector(p + "attn_q_norm.weight", d)
+            if i < s.layers - s.shared_kv_layers:
+                self.matrix(p + "attn_k.weight", s.kv_heads * d, h)
+                self.matrix(p + "attn_v.weight", s.kv_heads * d, h)
+                self.vector(p + "attn_k_norm.weight", d)
+            self.matrix(p + "attn_output.weight", h, s.heads * d)
+            for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm", "post_norm"):
+                self.vector(p + f"{name}.weight", h)
+            self.mlp(p)
+            self.matrix(p + "inp_gate.weight", ple, h)
+            self.matrix(p + "proj.weight", h, ple)
+            self.vector(p + "layer_output_scale.weight", 1)
+        return self.list
 
     def kda(self, p: str) -> None:
         """A Kimi Delta Attention mixer: `heads` heads of ssm_head_dim."""
@@ -284,6 +322,8 @@ def _float_data(rng: np.random.Generator, dims: tuple[int, ...], fill: tuple) ->
         return np.zeros(dims, dtype=np.float32)
     if kind == "normal":
         return (rng.standard_normal(dims) * fill[1]).astype(np.float32)
+    if kind == "proportional":   # rope_freqs: the first pairs rotated, the others not (a huge divisor)
+        return np.where(np.arange(dims[0]) < fill[1], 1.0, 1e30).astype(np.float32)
     if kind == "dt_bias":     # softplus^-1 of time steps log-uniform in [0.001, 0.1], as Mamba2 initialises them
         dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), dims))
         return np.log(np.expm1(dt)).astype(np.float32)
@@ -335,9 +375,10 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         else:
             w.add_head_count_kv(1 if s.family in LATENT else s.kv_heads)
     if s.family not in LATENT:
-        w.add_key_length(s.key_dim)
-        w.add_value_length(s.key_dim)
-        w.add_rope_dimension_count(s.rope_dim or s.key_dim)
+        head = s.global_head_dim or s.key_dim
+        w.add_key_length(head)
+        w.add_value_length(head)
+        w.add_rope_dimension_count(s.rope_dim or head)
     else:                               # as DeepSeek-V3's files: latent attention, routing (YaRN x40 but Kimi's)
         w.add_key_length(s.kv_lora_rank + s.rope_dim)
         w.add_value_length(s.kv_lora_rank)
@@ -360,6 +401,17 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         if s.expert_groups:
             w.add_expert_group_count(s.expert_groups)
             w.add_expert_group_used_count(s.groups_used)
+    if s.family == "gemma4":                 # global layers' head size and RoPE, then the sliding ones'
+        w.add_key_length_swa(s.key_dim)
+        w.add_value_length_swa(s.key_dim)
+        w.add_rope_dimension_count_swa(s.key_dim)
+        w.add_rope_freq_base(1e6)
+        w.add_rope_freq_base_swa(1e4)
+        w.add_sliding_window(s.sliding_window)
+        w.add_sliding_window_pattern([s.is_sliding(i) for i in range(s.layers)])
+        w.add_shared_kv_layers(s.shared_kv_layers)
+        w.add_embedding_length_per_layer_input(s.per_layer_dim)
+        w.add_final_logit_softcapping(30.0)
     if s.family == "deepseek32":
         w.add_indexer_head_count(s.index_heads)
         w.add_indexer_key_length(s.index_dim)
