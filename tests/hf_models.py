@@ -10,6 +10,7 @@ file (ERNIE, Phi-3) gets the same BPE.
 Weights use a larger init scale than the default so that predictions are far from uniform: a
 broken layer then moves the logits instead of hiding under ln(vocab).
 """
+import functools
 import json
 import subprocess
 import sys
@@ -112,17 +113,29 @@ def hub_expert_layout(out: Path) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-def minimax_hub_layout(out: Path) -> None:
-    """MiniMax-M2's experts as its published checkpoints (and so the converter) hold them: one
-    w1 (gate), w3 (up) and w2 (down) per expert under block_sparse_moe, beside its gate and
-    selection bias, where transformers 5 saves stacked mlp.experts tensors."""
+def minimax_hub_layout(out: Path, version: int = 2) -> None:
+    """MiniMax's experts as its published checkpoints (and so the converter) hold them: one w1
+    (gate), w3 (up) and w2 (down) per expert under block_sparse_moe, beside its gate and selection
+    bias, where transformers 5 saves stacked mlp.experts tensors. MiniMax-M3's (version 3) also:
+    the dense and shared MLPs' gate and up apart (the dense one under `mlp`), the selection bias
+    beside the gate, the indexer's tensors as `index_*`."""
+    import re
+
     from safetensors.torch import load_file, save_file
 
     path = out / "model.safetensors"
     hub = {}
     for name, t in load_file(path).items():
+        if version == 3:
+            name = re.sub(r"self_attn\.indexer\.(q|k)_(proj|norm)", r"self_attn.index_\1_\2", name)
+            name = name.replace(".mlp.shared_experts.", ".block_sparse_moe.shared_experts.").replace(
+                ".mlp.gate.e_score_correction_bias", ".block_sparse_moe.e_score_correction_bias")
+            if name.endswith("gate_up_proj.weight"):      # a dense or shared MLP's [2 ff, hidden]
+                base = name.removesuffix("gate_up_proj.weight")
+                hub[base + "gate_proj.weight"], hub[base + "up_proj.weight"] = t.chunk(2, dim=0)
+                continue
         prefix, _, rest = name.partition(".mlp.")
-        if not rest:
+        if not rest or rest == "down_proj.weight":          # not the experts' (M3's dense MLP)
             hub[name] = t
         elif rest == "experts.gate_up_proj":          # [E, 2 ff, hidden]: gate rows, then up rows
             gate, up = t.chunk(2, dim=1)
@@ -134,7 +147,7 @@ def minimax_hub_layout(out: Path) -> None:
                 hub[f"{prefix}.block_sparse_moe.experts.{e}.w2.weight"] = t[e].contiguous()
         else:
             hub[f"{prefix}.block_sparse_moe.{rest}"] = t
-    save_file(hub, path, metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in hub.items()}, path, metadata={"format": "pt"})
 
 
 def wide_expert_gates(model) -> None:
@@ -519,6 +532,21 @@ SPECS = {
         swiglu_limits_shared=[0.0, 0.0, 0.0, 1.2], rope_theta=[1000.0, 100.0, 100.0, 1000.0],
         partial_rotary_factors=[0.5, 1.0, 1.0, 0.5]),
         multimodal="Step3p7ForConditionalGeneration", vision=TINY_STEP_VISION, checkpoint=step35_hub_config),
+    # MiniMax-M3: a dense layer, then two of MiniMax Sparse Attention (blocks of 16, the top 3 for each
+    # KV group's indexer head, the query's own block first: the tests score 150 positions) over
+    # sigmoid top-2 of 4 experts beside a shared expert, gpt-oss's clamped SwiGLU everywhere
+    "minimax-m3": Spec("MiniMaxM3VLTextConfig", _common(
+        intermediate_size=32, num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=2,
+        dense_intermediate_size=96, shared_intermediate_size=32, rotary_dim=8, index_n_heads=2, index_head_dim=16,
+        index_block_size=16, index_topk_blocks=3, index_local_blocks=1, mlp_layer_types=["dense", "sparse", "sparse"],
+        layer_types=["full_attention", "minimax_m3_sparse", "minimax_m3_sparse"],
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)),
+        causal_lm="MiniMaxM3VLForCausalLM", checkpoint=functools.partial(minimax_hub_layout, version=3),
+        raw_config=dict(architectures=["MiniMaxM3SparseForCausalLM"], model_type="minimax_m3_hub",
+                        scoring_func="sigmoid", n_shared_experts=1, moe_layer_freq=[0, 1, 1],
+                        sparse_attention_config=dict(
+                            sparse_num_index_heads=2, sparse_index_dim=16, sparse_topk_blocks=3, sparse_block_size=16,
+                            sparse_local_block=1))),
     # Gemma 4 E2B's shape: per-layer embeddings (8 a layer), a window of 8 on every other layer (its
     # normed queries and keys attend broadly: a wider window hardly shows), global layers with their
     # own head size (32), the last two layers sharing the K/V of layers 2 and 3

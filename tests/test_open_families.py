@@ -42,6 +42,7 @@ from pipeline.model.arch import (
     kimi_linear,
     llama4,
     load_architecture,
+    minimax_m3,
     modules,
     qwen2,
     smollm3,
@@ -157,6 +158,9 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "step35 sliding layers' rotated width": ("step35", {"step35.rope.dimension_count_swa": 8}, None),
     "step35 experts' SwiGLU limit": ("step35", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "step35"): None}, None),
     "step35 shared expert's SwiGLU limit": ("step35", {key(Keys.LLM.SWIGLU_CLAMP_SHEXP, "step35"): None}, None),
+    "minimax-m3 sparse attention": ("minimax-m3", {"minimax-m3.attention.indexer.top_k": 1024}, None),
+    "minimax-m3 local block first": ("minimax-m3", {"minimax-m3.attention.indexer.local_blocks": 0}, None),
+    "minimax-m3 block size": ("minimax-m3", {"minimax-m3.attention.indexer.block_size": 8}, None),
 }
 
 
@@ -205,6 +209,7 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     # its latent-attention layers rotate no key part (llama-perplexity agrees: README)
     "kimi-linear latent attention without RoPE": ("kimi-linear", kimi_linear.KimiLinear, "layer_spec",
                                                   lambda self, i: rotated(KIMI_LAYER_SPEC(self, i), self.trunk_rope)),
+    "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
 }
 
 
@@ -315,6 +320,11 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
      "missing metadata key kimi-linear.expert_gating_func"),
     ("kimi-linear", {key(Keys.SSM.CONV_KERNEL, "kimi-linear"): 3}, None,
      "blk.0.ssm_conv1d_q.weight is [1, 64, 1, 4] where the metadata gives [64, 3]"),
+    # MiniMax Sparse Attention gives each KV group one indexer head; llama.cpp asserts it
+    ("minimax-m3", {key(Keys.Attention.Indexer.HEAD_COUNT, "minimax-m3"): 4}, None,
+     "4 indexer heads for 2 KV heads"),
+    ("minimax-m3", {key(Keys.LLM.EXPERT_GATING_FUNC, "minimax-m3"): None}, None,
+     "missing metadata key minimax-m3.expert_gating_func"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

@@ -25,6 +25,7 @@ from .llama import Llama
 from .llama4 import Llama4
 from .mimo2 import Mimo2
 from .minimax_m2 import MinimaxM2
+from .minimax_m3 import MinimaxM3
 from .mistral3 import Mistral3
 from .nemotron_h import NemotronH
 from .olmo2 import Olmo2
@@ -48,7 +49,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "seed_oss": SeedOss, "gemma2": Gemma2, "granite": Granite, "granitemoe": Granite, "granitehybrid": GraniteHybrid,
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
-    "kimi-linear": KimiLinear, "step35": Step35,
+    "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3,
 }
 
 

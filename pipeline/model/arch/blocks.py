@@ -152,7 +152,7 @@ class Attention(Weights):
             q, k = rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)
         if s.temperature is not None:
             q = q * tables.temperature(s.temperature)       # [T, 1]
-        y = self.attend(q, k, v, tables)                   # [B, H, T, value_dim]
+        y = self.attend_from(x, q, k, v, tables)           # [B, H, T, value_dim]
         y = y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim)
         if s.gated:
             y = y * torch.sigmoid(gate)
@@ -165,6 +165,11 @@ class Attention(Weights):
         """Each head of x [B, T, heads, D] normed (QK-norm per head): RMSNorm; a family's attention
         overrides it."""
         return rms_norm(x, weight, self.eps)
+
+    def attend_from(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
+        """The heads' attention, where the keys a query sees may depend on the layer's input x
+        [B, T, hidden] too (a sparse form overrides it): attend."""
+        return self.attend(q, k, v, tables)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
         """softmax(scale q.k + mask) v: q [B, H, T, key_dim], k [B, KV, T, key_dim], v [B, KV, T,
@@ -180,8 +185,10 @@ class BlockwiseAttention(Attention):
     formed here, a block of queries at a time (at most SCORE_BLOCK_BYTES of them), and turned
     into the weights of the values by the form's `probabilities`."""
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables) -> torch.Tensor:
-        # q [B, H, T, D], k and v [B, KV, T, D] -> [B, H, T, D]
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables,
+               selected: torch.Tensor | None = None) -> torch.Tensor:
+        # q [B, H, T, D], k and v [B, KV, T, D] -> [B, H, T, D]; selected [B, KV, T, T] bool: the keys
+        # each query of a KV group may see besides the mask (None: all)
         B, H, T, D = q.shape
         KV = k.shape[1]
         q = q.reshape(B, KV, H // KV, T, D)
@@ -195,12 +202,14 @@ class BlockwiseAttention(Attention):
             b = min(a + rows, T)                   # queries [a, b) see keys before b at most
             scores = (q[..., a:b, :].float() @ k[..., :b, :].transpose(-1, -2)) * self.spec.scale  # [B, KV, G, b-a, b]
             seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
+            if selected is not None:
+                seen = seen & selected[:, :, None, a:b, :b]                                # [B, KV, 1, b-a, b]
             out.append((self.probabilities(scores, seen) @ v[..., :b, :]).to(q.dtype))   # [B, KV, G, b-a, D]
         return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
 
     def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        """scores [B, KV, G, queries, keys] float32, seen [queries, keys] bool -> the weights of the
-        keys' values."""
+        """scores [B, KV, G, queries, keys] float32, seen [queries, keys] bool (or broadcast to the
+        scores) -> the weights of the keys' values."""
         raise NotImplementedError
 
 

@@ -33,8 +33,10 @@ class BlockTensors:
         self.expert_slices = expert_slices   # > 1: the routed experts are read a slice at a time
         self.read = set()
 
-    def name(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> str:
-        base = TENSOR_NAMES[kind].format(bid=self.i)
+    def name(self, kind: MODEL_TENSOR | str, suffix: str | None = "weight") -> str:
+        """The file's name of a tensor of the block: `kind` a gguf-py tensor kind, or the name
+        inside the block where gguf-py has none (a newer family's, as "indexer.q_proj")."""
+        base = TENSOR_NAMES[kind].format(bid=self.i) if isinstance(kind, MODEL_TENSOR) else f"blk.{self.i}.{kind}"
         return f"{base}.{suffix}" if suffix else base
 
     def has(self, kind: MODEL_TENSOR, suffix: str | None = "weight") -> bool:
