@@ -43,12 +43,15 @@ def check_shapes(arch) -> None:
 
 def expect(arch, name: str, shape: tuple[int, ...], why: str, required: bool = False,
            unit_axes: bool = False) -> None:
-    """`name` has `shape` (`unit_axes`: once its axes of size 1 are left out, for a tensor that
-    llama.cpp takes in several such layouts)."""
+    """`name` has `shape` (`unit_axes`: once the axes of size 1 are left out of both, for a tensor
+    that llama.cpp takes in several such layouts)."""
+    def kept(dims: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(d for d in dims if d != 1) if unit_axes else tuple(dims)
+
     info = arch.gguf.tensors.get(name)
     if info is None and required:
         raise UserError(f"{arch.gguf.path}: missing tensor {name}")
-    if info is not None and (tuple(d for d in info.shape if d != 1) if unit_axes else info.shape) != shape:
+    if info is not None and kept(info.shape) != kept(shape):
         raise UserError(f"{arch.gguf.path}: tensor {name} is {list(info.shape)} where the metadata gives "
                         f"{list(shape)} ({why})")
 
