@@ -53,6 +53,9 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
     "gemma4": dict(family="gemma4", layers=5, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
                    global_head_dim=128, quant="Q4_K", sliding_window=16, attention_every=3, shared_kv_layers=2,
                    per_layer_dim=32),
+    "minimax-m3": dict(family="minimax-m3", layers=3, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64,
+                       rope_dim=32, dense_layers=1, quant="Q4_K", experts=8, experts_used=2, expert_ffn=128,
+                       shared_ffn=128, index_dim=64, index_top_k=2, index_block=16),
     "gpt-oss": dict(family="gpt-oss", layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
                     experts=8, experts_used=2, expert_ffn=128, sliding_window=16),
     "llama4": dict(family="llama4", layers=4, hidden=256, ffn=512, heads=4, kv_heads=2, head_dim=64, quant="Q4_K",
@@ -232,12 +235,14 @@ def test_quantizations_of_a_bfloat16_synthetic_base_diverge_as_the_bits_fall(tmp
 
 
 @pytest.mark.parametrize("family, ctx", [("gpt-oss", 128), ("llama4", 9216), ("qwen3next", 128),
-                                         ("deepseek32", 128), ("kimi-linear", 128), ("gemma4", 128)])
+                                         ("deepseek32", 128), ("kimi-linear", 128), ("gemma4", 128),
+                                         ("minimax-m3", 128)])
 def test_gpu_check_forms_on_the_cpu(capsys, model_path, tmp_path, monkeypatch, family, ctx):
     """The GPU check's attention and FFN forms (sinks on a sliding window, chunked attention past
     8192 tokens with NoPE layers under the temperature, Gated DeltaNet, DeepSeek Sparse Attention
     past its top-k, Kimi Delta Attention beside latent attention without RoPE, Gemma 4's K/V carried
-    across windows and per-layer inputs from the token ids), with the CPU standing in for the GPU:
+    across windows and per-layer inputs from the token ids, MiniMax Sparse Attention's blocks), with
+    the CPU standing in for the GPU:
     cycled == whole bit for bit, bfloat16 and the split pass near float32."""
     from pipeline.tools import gpu_check
 

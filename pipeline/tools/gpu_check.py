@@ -6,8 +6,9 @@ For each model of the settings (registered ones, and small synthetic ones writte
 data/models/ on first use, so the GPU host needs neither a converter nor any network beyond the
 registered models; between them every attention and FFN form computed: sliding windows, latent
 attention, sinks, chunked attention past 8192 tokens, NoPE layers with the attention
-temperature, DeepSeek Sparse Attention, Mamba2, Gated DeltaNet, Kimi Delta Attention, routed and
-shared experts, expert slices; a model's settings may set its own chunks, corpus and
+temperature, DeepSeek and MiniMax Sparse Attention, Mamba2, Gated DeltaNet, Kimi Delta Attention,
+Gemma 4's K/V carried across windows and per-layer inputs, routed and shared experts, expert
+slices; a model's settings may set its own chunks, corpus and
 mean_nll_rel_tol): a float32 CPU
 pass, then in the configured compute dtype on the GPU a whole-trunk pass, a cycled one and a
 split one (`--gpu-layers` from `--first-layer`, the other layers on the CPU). Then a

@@ -13,7 +13,10 @@ Attention layers, latent attention without RoPE every `attention_every`-th layer
 layers, then deepseek2's experts without groups), `gemma4` (Gemma 4 E2B-like: sliding layers with
 a global one every `attention_every`-th, proportional RoPE and their own head size on the global
 ones, the last `shared_kv_layers` layers over the K/V of earlier ones, per-layer embeddings,
-post-norms, output scales and the final soft-cap), `gpt-oss` (attention sinks, a sliding window on
+post-norms, output scales and the final soft-cap), `minimax-m3` (MiniMax Sparse Attention past the
+leading dense layers: an indexer head per KV group picks each query's `index_top_k` blocks of
+`index_block` keys; clamped SwiGLU everywhere; sigmoid-routed experts beside a shared expert),
+`gpt-oss` (attention sinks, a sliding window on
 every other layer, biases on attention, router and experts, clamped SwiGLU experts), `llama4`
 (no RoPE and the attention temperature every fourth layer, chunked attention on the others,
 weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_every`-th layer)
@@ -70,6 +73,7 @@ class Shape:
     index_heads: int = 0       # deepseek32's indexer: heads, their size and the keys each query keeps
     index_dim: int = 0
     index_top_k: int = 0
+    index_block: int = 0       # minimax-m3: the keys of a block its indexer scores by their best
     global_head_dim: int = 0   # gemma4: the global layers' head size,
     shared_kv_layers: int = 0  # the last layers that attend over earlier layers' K/V,
     per_layer_dim: int = 0     # and the per-layer embeddings' width
@@ -99,13 +103,13 @@ class Shape:
         return self.family in GATED_EXPERTS and i >= self.dense_layers
 
 
-FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gemma4", "gpt-oss",
-            "llama4", "qwen3next")
+FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gemma4", "minimax-m3",
+            "gpt-oss", "llama4", "qwen3next")
 LATENT = ("deepseek2", "deepseek32", "kimi-linear")    # multi-head latent attention
 # SwiGLU experts (nemotron_h_moe's have no gate), the families with a shared expert, with a selection bias
-GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "qwen3next", *LATENT)
-SHARED_EXPERT = ("nemotron_h_moe", "llama4", "qwen3next", *LATENT)
-SELECTION_BIAS = ("nemotron_h_moe", *LATENT)
+GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "qwen3next", "minimax-m3", *LATENT)
+SHARED_EXPERT = ("nemotron_h_moe", "llama4", "qwen3next", "minimax-m3", *LATENT)
+SELECTION_BIAS = ("nemotron_h_moe", "minimax-m3", *LATENT)
 
 
 def check_shape(shape: Shape) -> None:
@@ -167,6 +171,8 @@ class _Tensors:
             self.vector(p + "attn_norm.weight", h)
             if kind in "A*":
                 self.latent_attention(p) if s.family in LATENT else self.attention(p)
+                if s.family == "minimax-m3" and i >= s.dense_layers:
+                    self.msa_indexer(p)
             if kind == "D":
                 self.kda(p) if s.family == "kimi-linear" else self.delta_net(p)
             if kind in "AD":
@@ -187,7 +193,7 @@ class _Tensors:
         self.matrix(p + "attn_k.weight", s.kv_heads * s.key_dim, h)
         self.matrix(p + "attn_v.weight", s.kv_heads * s.key_dim, h)
         self.matrix(p + "attn_output.weight", h, s.heads * s.key_dim)
-        if s.family in ("qwen3moe", "qwen3next"):
+        if s.family in ("qwen3moe", "qwen3next", "minimax-m3"):
             self.vector(p + "attn_q_norm.weight", s.key_dim)
             self.vector(p + "attn_k_norm.weight", s.key_dim)
         if s.family == "gpt-oss":
@@ -235,6 +241,14 @@ class _Tensors:
             self.matrix(p + "proj.weight", h, ple)
             self.vector(p + "layer_output_scale.weight", 1)
         return self.list
+
+    def msa_indexer(self, p: str) -> None:
+        """MiniMax Sparse Attention's indexer: a head of index_dim per KV head, one key."""
+        s, h = self.s, self.s.hidden
+        self.matrix(p + "indexer.q_proj.weight", s.kv_heads * s.index_dim, h)
+        self.matrix(p + "indexer.k_proj.weight", s.index_dim, h)
+        self.vector(p + "indexer.q_norm.weight", s.index_dim)
+        self.vector(p + "indexer.k_norm.weight", s.index_dim)
 
     def kda(self, p: str) -> None:
         """A Kimi Delta Attention mixer: `heads` heads of ssm_head_dim."""
@@ -412,6 +426,17 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_shared_kv_layers(s.shared_kv_layers)
         w.add_embedding_length_per_layer_input(s.per_layer_dim)
         w.add_final_logit_softcapping(30.0)
+    if s.family == "minimax-m3":             # dense layers, then sparse ones over routed experts
+        w.add_leading_dense_block_count(s.dense_layers)
+        w.add_expert_shared_count(1)
+        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(True)
+        w.add_expert_weights_scale(2.0)
+        w.add_indexer_head_count(s.kv_heads)
+        w.add_indexer_key_length(s.index_dim)
+        w.add_indexer_top_k(s.index_top_k)
+        w.add_uint32(f"{s.family}.attention.indexer.block_size", s.index_block)
+        w.add_uint32(f"{s.family}.attention.indexer.local_blocks", 1)
     if s.family == "deepseek32":
         w.add_indexer_head_count(s.index_heads)
         w.add_indexer_key_length(s.index_dim)
