@@ -1,4 +1,6 @@
 """The benchmark's parsing and bookkeeping (the benchmark itself runs outside CI)."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -145,6 +147,22 @@ def test_gpu_check_flow_on_the_cpu(capsys, model_path, tmp_path, monkeypatch):
     assert all(v.endswith("(ok)") for v in verdicts)
     summary = out[out.index("## Summary") + 2:]
     assert [line.split(" (")[0] for line in summary] == ["smollm2-135m: ok", "moe: ok", "KL smollm2-135m vs moe: ok"]
+
+
+def test_a_llama_perplexity_run_that_lost_its_final_estimate_is_run_again(monkeypatch):
+    import subprocess
+
+    from pipeline.tools import bench
+
+    outputs = iter(["perplexity: calculating perplexity over 4 chunks", LLAMA_OUTPUT])
+    monkeypatch.setattr(bench, "run_sampled", lambda cmd, **kw: (
+        subprocess.CompletedProcess(cmd, 0, next(outputs), ""), 2.0, 100.0))
+    cfg = {"corpus": "c.txt", "ctx": 512, "threads": 2, "chunks": 4}
+    row = bench.llama_once(Path("llama-perplexity"), Path("m.gguf"), cfg)
+    assert row.ppl == 22.8855 and next(outputs, None) is None
+    monkeypatch.setattr(bench, "run_sampled", lambda cmd, **kw: (subprocess.CompletedProcess(cmd, 0, "", ""), 2.0, 1.0))
+    with pytest.raises(UserError, match="printed no final estimate"):   # not for ever
+        bench.llama_once(Path("llama-perplexity"), Path("m.gguf"), cfg)
 
 
 def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
