@@ -266,7 +266,7 @@ def test_sink_attention_in_blocks_of_queries_gives_the_same_logits(tiny_model, m
     torch.testing.assert_close(forward(path, ids), whole, rtol=0, atol=1e-4)   # rounding: measured 1.8e-5
 
 
-@pytest.mark.parametrize("name", ["deepseek2", "glm4moe"])
+@pytest.mark.parametrize("name", ["deepseek2", "glm4moe", "step35"])
 def test_multi_token_prediction_blocks_are_not_run(name, tiny_model, tmp_path):
     # a NextN block after the trunk, as converters append it: a copy of the last layer plus the
     # nextn projections, all NaN, so that running any of it would show
@@ -443,3 +443,26 @@ def test_step35_rope_factors_reach_its_global_layers_only(tiny_model, tmp_path):
                                                         (8, (1.0, 3.0, 40.0, 9.0))]
     ids = random_ids()
     assert abs(nll(scaled, ids) - nll(path, ids)) > MOVED
+
+
+def test_kimi_linear_reads_a_fused_qkv_as_its_three_projections(tiny_model, tmp_path):
+    # llama.cpp loads a KDA layer's attn_qkv where the file has one (split into Q, K, V of
+    # heads x kda.head_dim rows each, then each through its own convolution)
+    _, path = tiny_model("kimi-linear")
+    tensors = {t.name: np.asarray(t.data) for t in GGUFReader(str(path)).tensors}
+
+    def fused(name, qtype, data):
+        block, _, kind = name.rpartition(".weight")[0].rpartition(".")
+        if f"{block}.ssm_conv1d_q.weight" not in tensors:   # not a KDA layer's
+            return data, qtype
+        if kind in ("attn_k", "attn_v"):
+            return None
+        if kind == "attn_q":
+            parts = [tensors[f"{block}.attn_{x}.weight"] for x in "qkv"]
+            return np.concatenate(parts, axis=0), qtype, f"{block}.attn_qkv.weight"
+        return data, qtype
+    joined = rewrite_gguf(path, tmp_path / "fused.gguf", fused)
+    names = GGUFIndex(joined).tensors
+    assert "blk.0.attn_qkv.weight" in names and "blk.0.attn_q.weight" not in names and "blk.2.attn_q.weight" in names
+    ids = random_ids()
+    torch.testing.assert_close(forward(joined, ids), forward(path, ids), rtol=0, atol=1e-5)
