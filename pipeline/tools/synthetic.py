@@ -110,6 +110,7 @@ LATENT = ("deepseek2", "deepseek32", "kimi-linear")    # multi-head latent atten
 GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "qwen3next", "minimax-m3", *LATENT)
 SHARED_EXPERT = ("nemotron_h_moe", "llama4", "qwen3next", "minimax-m3", *LATENT)
 SELECTION_BIAS = ("nemotron_h_moe", "minimax-m3", *LATENT)
+SIGMOID_ROUTED = ("minimax-m3", *LATENT)   # past leading dense layers, with a shared expert
 
 
 def check_shape(shape: Shape) -> None:
@@ -393,7 +394,7 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_key_length(head)
         w.add_value_length(head)
         w.add_rope_dimension_count(s.rope_dim or head)
-    else:                               # as DeepSeek-V3's files: latent attention, routing (YaRN x40 but Kimi's)
+    else:                               # as DeepSeek-V3's files: latent attention (YaRN x40 but Kimi's)
         w.add_key_length(s.kv_lora_rank + s.rope_dim)
         w.add_value_length(s.kv_lora_rank)
         w.add_key_length_mla(s.key_dim)
@@ -407,14 +408,6 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
             w.add_rope_scaling_factor(40.0)
             w.add_rope_scaling_orig_ctx_len(s.context)
             w.add_rope_scaling_yarn_log_mul(0.1)
-        w.add_leading_dense_block_count(s.dense_layers)
-        w.add_expert_shared_count(1)
-        w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
-        w.add_expert_weights_norm(True)
-        w.add_expert_weights_scale(2.5)
-        if s.expert_groups:
-            w.add_expert_group_count(s.expert_groups)
-            w.add_expert_group_used_count(s.groups_used)
     if s.family == "gemma4":                 # global layers' head size and RoPE, then the sliding ones'
         w.add_key_length_swa(s.key_dim)
         w.add_value_length_swa(s.key_dim)
@@ -426,21 +419,22 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_shared_kv_layers(s.shared_kv_layers)
         w.add_embedding_length_per_layer_input(s.per_layer_dim)
         w.add_final_logit_softcapping(30.0)
-    if s.family == "minimax-m3":             # dense layers, then sparse ones over routed experts
+    if s.family in SIGMOID_ROUTED:           # leading dense layers, then sigmoid-routed experts and a shared one
         w.add_leading_dense_block_count(s.dense_layers)
         w.add_expert_shared_count(1)
         w.add_expert_gating_func(ExpertGatingFuncType.SIGMOID)
         w.add_expert_weights_norm(True)
-        w.add_expert_weights_scale(2.0)
-        w.add_indexer_head_count(s.kv_heads)
+        w.add_expert_weights_scale(2.0 if s.family == "minimax-m3" else 2.5)
+        if s.expert_groups:
+            w.add_expert_group_count(s.expert_groups)
+            w.add_expert_group_used_count(s.groups_used)
+    if s.family in ("deepseek32", "minimax-m3"):   # the indexer (MiniMax's: a head per KV head, over blocks of keys)
+        w.add_indexer_head_count(s.index_heads if s.family == "deepseek32" else s.kv_heads)
         w.add_indexer_key_length(s.index_dim)
         w.add_indexer_top_k(s.index_top_k)
+    if s.family == "minimax-m3":
         w.add_uint32(f"{s.family}.attention.indexer.block_size", s.index_block)
         w.add_uint32(f"{s.family}.attention.indexer.local_blocks", 1)
-    if s.family == "deepseek32":
-        w.add_indexer_head_count(s.index_heads)
-        w.add_indexer_key_length(s.index_dim)
-        w.add_indexer_top_k(s.index_top_k)
     if s.experts:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)

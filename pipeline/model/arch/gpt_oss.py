@@ -55,7 +55,11 @@ class GptOss(DecoderArch):
     def normalizes_expert_weights(self) -> bool:
         return False   # the softmax over the chosen logits already sums to 1
 
+    def gated_unit(self, i: int, shared: bool = False):
+        return swiglu_oai
+
     def moe(self, i: int, t: BlockTensors) -> MoE:
         return MoE(router=t(MT.FFN_GATE_INP), experts=self.routed_experts(t), act=self.activation,
                    routing=self.routing(i), router_bias=t(MT.FFN_GATE_INP, "bias"),
-                   expert_biases={role: t(kind, "bias") for role, kind in EXPERT_BIASES.items()}, glu=swiglu_oai)
+                   expert_biases={role: t(kind, "bias") for role, kind in EXPERT_BIASES.items()},
+                   glu=self.gated_unit(i))
