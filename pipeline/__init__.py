@@ -2,6 +2,8 @@
 
 `luigi --module pipeline PerplexityRun` imports this package; importing it registers the tasks.
 """
-from .flow.tasks import Embed, LayerWindow, PerplexityRun, Score, Sweep, Tokenize
+from .flow.entry import PerplexityRun, Sweep
+from .flow.score import Score
+from .flow.trunk import Embed, LayerWindow, Tokenize
 
 __all__ = ["Tokenize", "Embed", "LayerWindow", "Score", "PerplexityRun", "Sweep"]

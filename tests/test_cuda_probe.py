@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from pipeline.flow.tasks import compute_dtype_name
+from pipeline.flow.trunk import compute_dtype_name
 from pipeline.run import cuda_probe, preflight
 
 

@@ -5,7 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.flow.tasks import Embed, LayerWindow, Score, Tokenize
+from pipeline.flow.score import Score
+from pipeline.flow.trunk import Embed, LayerWindow, Tokenize
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.tokenizer import load_tokenizer
 from pipeline.run.spec import read_tokens_file

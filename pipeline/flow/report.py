@@ -23,8 +23,7 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
         computed.append(Window(device, w.first, w.last, slices))
     largest, manifest = max(layer_windows, key=lambda tm: tm[1].get("weight_bytes", 0))
     return {
-        "ppl": scored["ppl"], "ppl_stderr": scored["ppl_stderr"], "mean_nll": scored["mean_nll"],
-        "tokens_scored": scored["tokens_scored"], "chunks": tokenize["n_windows"],
+        **{k: v for k, v in scored.items() if k != "kld"}, "chunks": tokenize["n_windows"],
         "chunks_available": tokenize["available_windows"], "ctx": spec.method.ctx,
         "method": spec.method.name, "method_options": spec.method.as_dict(),
         "placement": [{"device": w.device, "first": w.first, "last": w.last, "expert_slices": w.expert_slices}
@@ -37,7 +36,6 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
         "corpus": {**spec.corpus_id, "tokens": tokenize["n_tokens"]},
         "task": spec.eval_task.name, **numerics,
         "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else None,
-        "per_window": scored["per_window"],
         "outputs": {_output_name(t): str(t.out_dir()) for t in own},
         **({"kld": {"base": scores[0].kl_base, **scored["kld"]}} if "kld" in scored else {}),
     }
@@ -48,15 +46,9 @@ def _output_name(task) -> str:
     return name + (f" shard {task.shard}" if getattr(task, "shards", 1) > 1 else "")
 
 
-def print_report(r: dict, per_window: bool = False) -> None:
+def print_report(r: dict, mode, per_window: bool = False) -> None:
     lw = r["largest_window"]
-    rows = [
-        ("PPL", f"{r['ppl']:.4f} +/- {r['ppl_stderr']:.5f}"),
-        ("Mean NLL", f"{r['mean_nll']:.6f}"),
-        ("Tokens scored", f"{r['tokens_scored']:,}"),
-        ("Chunks", f"{r['chunks']} of {r['chunks_available']}"),
-        ("Context", str(r["ctx"])),
-        ("Method", r["method"]),
+    rows = mode.report_rows(r) + [
         ("Model", f"{r['model']['path']} ({r['model']['architecture']}, {r['model']['n_layers']} layers"
                   + (f", {len(r['model']['parts'])} parts)" if len(r["model"].get("parts", [])) > 1 else ")")),
         ("Corpus", f"{r['corpus'].get('source', r['corpus'].get('tokens_file'))} ({r['corpus']['tokens']:,} tokens)"),
@@ -66,26 +58,8 @@ def print_report(r: dict, per_window: bool = False) -> None:
         ("Layer placement", r["placement_text"]),
         ("Largest window", f"layers [{lw['first']}..{lw['last']}): {lw['weight_bytes'] / 2**20:,.1f} MiB of weights"),
     ]
-    if "kld" in r:
-        k = r["kld"]
-        rows += [
-            ("KL base", k["base"]),
-            ("Mean KLD", f"{k['mean']:.6f} +/- {k['stderr']:.6f}"),
-            ("KLD median / p90 / p99", f"{k['median']:.6f} / {k['p90']:.6f} / {k['p99']:.6f}"),
-            ("KLD min / max", f"{k['min']:.6f} / {k['max']:.6f}"),
-            ("Same top token", f"{100 * k['same_top']:.3f}%"),
-            ("RMS delta p", f"{100 * k['delta_p_rms']:.3f}%"),
-            ("PPL(Q) / PPL(base)", f"{k['ppl_ratio']:.6f} (base PPL {k['ppl_base']:.4f})"),
-            ("Log-prob correlation", f"{100 * k['logprob_correlation']:.3f}%"),
-        ]
     width = max(len(k) for k, _ in rows)
     print()
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
-    if per_window:
-        print(f"\n{'sequence':>8}  {'tokens':>6}  {'mean NLL':>9}  {'running PPL':>11}")
-        for w in r["per_window"]:
-            print(f"{w['window']:>8}  {w['tokens']:>6}  {w['mean_nll']:>9.4f}  {w['running_ppl']:>11.4f}")
-    if r["chunks"] < r["chunks_available"]:
-        print(f"\nScored {r['chunks']} of the corpus's {r['chunks_available']} sequences: "
-              f"add --chunks 0 to score the whole corpus.")
+    mode.print_details(r, per_window)

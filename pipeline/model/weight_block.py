@@ -5,7 +5,7 @@ A window's weights are views of one block (on the CPU a mapping of its own, outs
 heap), not one allocation each. Released, the block is kept: the windows of a pass mostly
 hold as many weights as each other, and the next one dequantizes into pages that are already
 there instead of page-faulting its weights anew (4 float32 layers of Qwen2.5-0.5B: 240 MB; of
-a 7B model: 3 GB). Any task but a window drops it (tasks.py), so it is never held beside
+a 7B model: 3 GB). Any task but a window drops it (flow/output_task.py), so it is never held beside
 memory it does not serve. On a GPU each window's memory is released before the next.
 """
 import math

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UserError
 
-METHODS = ("llama-cpp", "stride")
+METHODS = ("llama-cpp", "stride", "hellaswag")   # modes/__init__.py: the mode of each
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Method:
     ctx: int = 512
     stride: int = 0            # stride method only; 0 means ctx / 2
     unscored_prefix: int = -1  # llama-cpp only; -1 means ctx / 2 (the logits not scored)
-    chunks: int = 0            # sequences kept from the start (--chunks); 0 means all
+    chunks: int = 0            # sequences kept from the start (--chunks), hellaswag: tasks; 0 means all
     bos: bool = False          # BOS at the corpus start, and (llama-cpp) at each sequence start
 
     def __post_init__(self):
@@ -32,11 +32,11 @@ class Method:
             raise UserError(f"unknown scoring method {self.name!r} (one of {', '.join(METHODS)})")
         if self.ctx < 4:
             raise UserError(f"--ctx must be at least 4, got {self.ctx}")
-        if self.name == "llama-cpp" and self.stride:
+        if self.name != "stride" and self.stride:
             raise UserError("--stride applies to the stride method only (add --method stride)")
-        if self.name == "stride" and self.unscored_prefix >= 0:
-            raise UserError("--unscored-prefix applies to the llama-cpp method; "
-                            "the stride method scores what --stride sets")
+        if self.name != "llama-cpp" and self.unscored_prefix >= 0:
+            raise UserError(f"--unscored-prefix applies to the llama-cpp method; the {self.name} method "
+                            f"scores what it sets")
         if not 0 <= self.effective_stride <= self.ctx or not 0 <= self.effective_prefix < self.ctx - 1:
             raise UserError(f"--stride / --unscored-prefix must lie inside the context of {self.ctx}")
         if self.chunks < 0:

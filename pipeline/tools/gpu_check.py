@@ -43,7 +43,7 @@ from .synthetic import synthetic_or_registered
 
 def run(model: Path, cfg: dict, ctx: int, root: Path, **params) -> tuple[dict, list[dict]]:
     """One pass: its result and the manifests of its window tasks, in layer order."""
-    from ..flow.tasks import PerplexityRun
+    from ..flow.entry import PerplexityRun
 
     result = root / "result.json"
     params = {"device": cfg["device"], "compute_dtype": cfg["compute_dtype"], **params}

@@ -1,0 +1,266 @@
+"""The entry tasks: PerplexityRun (places the layers, runs the chain, reports) and Sweep (a grid
+of runs). They compute no output folder of their own: they always report, from the cached chain.
+"""
+import hashlib
+import json
+import logging
+import socket
+from pathlib import Path
+
+import luigi
+
+from ..errors import UserError
+from ..paths import RUNS, location
+from ..run.placement import (
+    check_tiling,
+    format_placement,
+    pack_windows,
+    parse_placement,
+    parse_window_layers,
+    plan_placement,
+    resolve_device,
+)
+from ..store import outputs
+from . import console
+from .output_task import RunTask, under_root
+from .score import Score, run_mode, score_result
+from .trunk import Tokenize, compute_dtype_name
+
+log = logging.getLogger("layercycle")
+
+
+class WindowLayersParameter(luigi.Parameter):
+    """--window-layers: a layer count or `auto`, the same value however it is written (8, "8")."""
+
+    def normalize(self, x):
+        return str(x).strip().lower()
+
+
+class PerplexityRun(RunTask):
+    """The entry point: places the layers, runs the chain, prints and writes the result."""
+    window_layers = WindowLayersParameter(
+        default="auto", description="layers per window (0: the whole trunk at once; auto: the longest that fit)")
+    gpu_layers = luigi.IntParameter(default=-1, description="layers on the device; the rest run on the CPU")
+    first_layer = luigi.IntParameter(default=0, description="with --gpu-layers: first layer on the device")
+    cycle = luigi.BoolParameter(default=False, description="with --gpu-layers N: a device window of N layers "
+                                                           "slid across the whole trunk")
+    device = luigi.ChoiceParameter(choices=["auto", "cpu", "cuda"], default="auto", significant=False,
+                                   description="device for the placed windows")
+    device_memory = luigi.Parameter(default="", significant=False,
+                                    description="what the device may hold, e.g. 12GiB (default: what it has)")
+    compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
+    per_window = luigi.BoolParameter(default=False, description="print each sequence's mean NLL and the running PPL")
+    result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
+    dump_tokens = luigi.Parameter(default="", significant=False,
+                                  description="write the corpus's token ids as the run tokenized them here "
+                                              "(.npy, or whitespace-separated ids: what --tokens-file reads)")
+    kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
+                                                      "(alias, GGUF path, or the result JSON of its run)")
+    shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
+                                                       "(each reads every layer's weights once)")
+
+    def placement(self, check_memory: bool = True, kl_base_head=None) -> list:
+        """The layer windows; before a pass (not when reporting one) checked against memory, with
+        the KL base's head (a GGUFIndex) beside the model's in the Score task. Auto-sized windows
+        depend on the model, the settings and the devices' budgets only (preflight.device_budget),
+        so a rerun finds the windows of the run it resumes."""
+        from ..model.arch import load_architecture
+        from ..run import preflight
+
+        s = self.spec()
+        hp = load_architecture(s.gguf).hp
+        device = resolve_device(self.device)
+        caps = {device: preflight.parse_size(self.device_memory)} if self.device_memory else {}
+        dtypes = {d: compute_dtype_name(self.compute_dtype, d) for d in {device, "cpu"}}
+        heads = [s.gguf] + ([kl_base_head] if kl_base_head is not None else [])
+        ends_on_cpu = self.gpu_layers >= 0 and self.first_layer + self.gpu_layers < hp.n_layers
+
+        def pack(dev: str, first: int, last: int) -> list:
+            import torch
+
+            dtype = getattr(torch, dtypes[dev])
+            per_layer, experts = preflight.layer_costs(s.gguf, hp.n_layers, dtype, range(first, last))
+            what = "--device-memory" if dev in caps else f"the {dev} budget ({preflight.AUTO_SHARE[dev]:.0%} of it)"
+            score_here = dev == ("cpu" if ends_on_cpu else device)   # the Score task runs on the last window's device
+            floor = preflight.heads_need(heads, dtype.itemsize)[0] if score_here else 0
+            fixed = preflight.window_fixed_bytes(s.gguf, self.windows_per_chunk, s.method.ctx, hp.n_head, dev)
+            return pack_windows(per_layer, fixed, preflight.device_budget(dev, caps.get(dev)), first, last, dev,
+                                what, experts, floor)
+
+        windows = plan_placement(hp.n_layers, parse_window_layers(self.window_layers), self.gpu_layers,
+                                 self.first_layer, device, pack, self.cycle)
+        if self.window_layers == "auto" and not self.device_memory:
+            with outputs.disk_errors(self.run_root):
+                windows = self.recorded_placement(windows, device, dtypes)
+        check_tiling(windows, hp.n_layers)
+        if check_memory:
+            preflight.check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx,
+                                   {w.device: dtypes[w.device] for w in windows},
+                                   heads=heads, caps=caps)
+        return windows
+
+    def recorded_placement(self, windows: list, device: str, dtypes: dict) -> list:
+        """Auto windows sized from this host's memory, unless the run root records the windows
+        a first planner chose for the same model and settings: then those, so that workers on
+        hosts with other memory plan the same windows and share every output."""
+        s = self.spec()
+        key = {"model": s.model_sha256, "device": device, "dtypes": dtypes, "gpu_layers": self.gpu_layers,
+               "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.windows_per_chunk,
+               **({"cycle": True} if self.cycle else {})}
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        path = location(self.run_root) / ".placements" / f"{digest}.json"
+        record = outputs.record_once(path, {**key, "placement": format_placement(windows),
+                                            "planned_on": socket.gethostname()})
+        return parse_placement(record["placement"])
+
+    def base_model(self) -> str:
+        """--kl-base as a model: a result JSON names the model of its run."""
+        if self.kl_base.endswith(".json") and Path(self.kl_base).is_file():
+            return json.loads(Path(self.kl_base).read_text())["model"]["path"]
+        return self.kl_base
+
+    def score_tasks(self, check_memory: bool = True) -> list:
+        """The Score task of each shard (one unless --shards)."""
+        if self.shards < 1:
+            raise UserError(f"--shards must be >= 1, got {self.shards}")
+        if self.kl_base and self.spec().method.name not in ("llama-cpp", "stride"):
+            raise UserError(f"--kl-base compares distributions over a corpus; the {self.spec().method.name} "
+                            f"method scores choices")
+        base = self.clone(PerplexityRun, model=self.base_model(), kl_base="") if self.kl_base else None
+        if base is not None and base.spec().tokenizer_id != self.spec().tokenizer_id:
+            raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
+                            f"compares distributions over the same vocabulary")
+        params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf))}
+        if base is not None:
+            params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory))}
+        scores = [self.clone(Score, shard=k, **params) for k in range(self.shards)]
+        with outputs.disk_errors(self.run_root):
+            for score in scores if base is not None else []:
+                outputs.keep_data(score.base_task().out_dir(), f"the KL base of {self.model}")
+        return scores
+
+    def requires(self):
+        try:
+            return self.score_tasks()
+        except UserError:
+            return []  # run() reports it
+
+    def complete(self) -> bool:
+        return False  # always prints its report, from the cached chain when that is complete
+
+    def result(self) -> dict:
+        """The result of the completed chain (README: "Options", the JSON keys)."""
+        from .report import build_result
+
+        scores = self.score_tasks(check_memory=False)
+        windows = scores[0].windows()
+        chain = _chain(scores)
+        dtypes = sorted({scores[0].dtype_name(w.device) for w in windows})
+        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype, "shards": self.shards}
+        return build_result(self.spec(), windows, scores, score_result(scores), chain, numerics)
+
+    def run(self):
+        from .report import print_report
+
+        if not all(t.complete() for t in self.score_tasks(check_memory=False)):
+            self.score_tasks()  # requires() found no chain to run: say why (the memory preflight)
+        result = self.result()
+        print_report(result, run_mode(self.score_tasks(check_memory=False)), per_window=self.per_window)
+        if self.result_json:
+            path = location(self.result_json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            outputs.write_json(path, result)
+        if self.dump_tokens:
+            from ..run.spec import write_tokens_file
+            from ..store.arrays import load_tokens
+
+            write_tokens_file(self.dump_tokens, load_tokens(self.clone(Tokenize).out_dir() / "tokens.zarr"))
+
+
+def _chain(tasks: list) -> list:
+    """The tasks and every task upstream of them, each output once, as first met: a run's own
+    chain before its KL base's, which shares the Tokenize task."""
+    chain = {}
+    for task in tasks:
+        for t in [task] + _chain(luigi.task.flatten(task.requires())):
+            chain.setdefault(t.out_dir(), t)
+    return list(chain.values())
+
+
+class Sweep(luigi.Task):
+    """A grid of runs from a sweep file (flow/sweep.py); writes CSV, Markdown and plots. A grid
+    point that is refused is a row with its reason, never the end of the sweep; the sweep then
+    exits non-zero, naming the refused points, after every other point was computed."""
+    config = luigi.Parameter(description="sweep file, e.g. configs/sweeps/example.toml")
+    run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
+
+    def __init__(self, *args, **kwargs):
+        console.install()
+        super().__init__(*args, **kwargs)
+
+    def points(self) -> list[tuple[dict, list | str]]:
+        """(parameters, Score tasks) of each grid point, or (parameters, the reason it was refused)."""
+        from .sweep import grid, load_sweep, parse_point, record_runs
+
+        if "_points" not in self.__dict__:
+            self._points = []
+            for params in grid(load_sweep(self.config)):
+                try:
+                    run = PerplexityRun(run_root=self.run_root, **parse_point(PerplexityRun, params))
+                    self._points.append((params, run.score_tasks()))
+                except UserError as e:
+                    self._points.append((params, str(e)))
+            root = location(self.run_root)
+            with outputs.disk_errors(self.run_root):
+                record_runs(self.run_root, self.config, [
+                    {"scores": [under_root(root, s) for s in scores],
+                     "outputs": [under_root(root, t) for t in _chain(scores) if t.model == scores[0].model]}
+                    for _, scores in self._points if not isinstance(scores, str)])
+        return self._points
+
+    def requires(self):
+        try:
+            points = self.points()
+        except UserError:
+            return []  # run() reports it
+        scores = [s for _, p in points if not isinstance(p, str) for s in p]
+        computed = [p for _, p in points if not isinstance(p, str)]
+        done = sum(all(s.complete() for s in p) for p in computed)
+        log.info(f"Sweep: {len(points)} runs, {done} already done"
+                 + (f", {len(points) - len(computed)} refused" if len(computed) < len(points) else ""))
+        return scores
+
+    def complete(self) -> bool:
+        return False  # always writes its tables, from the cached runs
+
+    def run(self):
+        from ..gguf_io.reader import open_gguf
+        from .sweep import load_sweep, parse_point, refused_row, table_row, write_plots, write_tables
+
+        out = load_sweep(self.config)["out"]
+        rows = []
+        for params, scores in self.points():
+            if isinstance(scores, str):
+                rows.append(refused_row(params, scores))
+                continue
+            result = PerplexityRun(run_root=self.run_root, **parse_point(PerplexityRun, params)).result()
+            rows.append(table_row(result, open_gguf(result["model"]["path"])))
+        write_tables(rows, out)
+        plots = write_plots(rows, out)
+        print("\n" + (out / "sweep.md").read_text())
+        print(f"{len(rows)} runs: {', '.join(str(p) for p in [out / 'sweep.csv', out / 'sweep.md', *plots])}")
+        refused = [r for r in rows if r["status"] == "refused"]
+        if refused:
+            raise UserError(f"{len(refused)} of {len(rows)} runs of the sweep were refused "
+                            f"({', '.join(r['model'] for r in refused)}); the table gives each reason")
+
+
+@Score.event_handler(luigi.Event.SUCCESS)
+def _count_sweep_run(task) -> None:
+    from .sweep import runs_done, sweeps_with
+
+    for record in sweeps_with(task.run_root, under_root(location(task.run_root), task)):
+        done = runs_done(task.run_root, record)
+        log.info(f"Sweep: {sum(done)}/{len(done)} runs done")
+

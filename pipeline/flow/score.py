@@ -1,0 +1,108 @@
+"""Score: output norm + LM head over the last boundary, per-token figures of each scored target.
+"""
+from pathlib import Path
+
+import luigi
+import numpy as np
+
+from ..run.placement import (
+    parse_placement,
+    resolve_device,
+)
+from ..store.timing import device_peaks_mb, reset_device_peak
+from .trunk import LayerWindow, PlacedTask
+
+
+class Score(PlacedTask):
+    """Output norm + LM head over the last boundary: NLL per scored token, and with a KL base
+    the per-token KL-divergence figures against the base's last boundary (kld.py)."""
+    kl_base = luigi.Parameter(default="", description="base model of the KL-divergence (set by PerplexityRun)")
+    base_placement = luigi.Parameter(default="", description="the base model's layer windows")
+
+    def requires(self):
+        return [self.source_task()] + ([self.base_task()] if self.kl_base else [])
+
+    def source_task(self):
+        return self.boundary_task(self.windows()[-1].last)
+
+    def base_task(self):
+        """The base model's last window, whose boundary stays for every run compared with it."""
+        last = parse_placement(self.base_placement)[-1]
+        return self.clone(LayerWindow, model=self.kl_base, placement=self.base_placement,
+                          first=last.first, last=last.last)
+
+    def device(self) -> str:
+        return self.windows()[-1].device
+
+    def identity(self):
+        identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
+                    **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
+        if self.kl_base:
+            identity["kl_base"] = self.base_task().spec().model_sha256
+        return identity
+
+    def execute(self):
+        import torch
+
+        from ..model import kld
+        from ..model.arch import load_architecture
+        from ..model.scoring import sequence_scores
+
+        device = resolve_device(self.device())
+        self.hold_to_budget(device)
+        reset_device_peak(device)
+        dtype = getattr(torch, self.dtype_name(device))
+        work = self.begin()
+        plan, _ = self.plan()
+        sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
+        n, ctx, _ = sources[0].array.shape
+        offset = self.shard_sequences(plan.n_sequences).start
+        fields = kld.FIELDS if self.kl_base else ("nll",)
+
+        def load():
+            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
+            heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
+
+            def compute(i, hidden):
+                # [sequences in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
+                hidden = [torch.from_numpy(h) for h in hidden]
+                out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
+                for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
+                    s = offset + local
+                    lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
+                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype)
+                    self.require_finite(i, out[j, lo:hi])
+                return out
+            return compute
+
+        stats = self.fill(work / "tokens.zarr", (n, ctx, len(fields)), "float64",
+                          lambda i: [s.read_chunk(i) for s in sources], load, finite=False)  # NaN: not scored
+        self.commit(device=device, fields=list(fields), **device_peaks_mb(device), **stats)
+
+    def scored(self) -> list[np.ndarray]:
+        """The completed output: per sequence of the shard, [scored tokens, fields]."""
+        plan, _ = self.plan()
+        offset = self.shard_sequences(plan.n_sequences).start
+        rows = _read_all(self.out_dir() / "tokens.zarr")
+        return [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(rows, start=offset)]
+
+
+def score_result(scores: list) -> dict:
+    """The run's mode's figures (PPL, KLD, accuracy) over the shards' Score outputs, in plan order."""
+    scored = [rows for s in scores for rows in s.scored()]
+    return run_mode(scores).reduce(scored, scores[0].plan()[1])
+
+
+def run_mode(scores: list):
+    from ..run.modes import mode_of
+
+    return mode_of(scores[0].spec().method.name, bool(scores[0].kl_base))
+
+
+def _read_all(path: Path) -> np.ndarray:
+    from ..store.arrays import ChunkedArray
+
+    store = ChunkedArray.open(path)
+    return np.concatenate([store.read_chunk(i) for i in range(store.n_chunks)])
+
+

@@ -1,0 +1,381 @@
+"""The trunk: Tokenize (the evaluation mode's plan of sequences) -> Embed -> LayerWindow, one
+per window of layers, each reading the previous boundary array and writing the next.
+
+Tasks are thin: parameters, `requires`, `output`, `run`; the work lives in the modules they call.
+"""
+import logging
+from pathlib import Path
+
+import luigi
+import numpy as np
+
+from ..errors import UserError
+from ..numerics import numerics_identity
+from ..paths import location
+from ..run import cuda_probe
+from ..run.placement import (
+    parse_placement,
+    resolve_device,
+)
+from ..store import outputs
+from ..store.timing import device_peaks_mb, reset_device_peak
+from .output_task import OutputTask, under_root
+
+log = logging.getLogger("layercycle")
+
+
+class Tokenize(OutputTask):
+    def requires(self):
+        return []
+
+    def identity(self):
+        s = self.spec()
+        return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
+                "windows_per_chunk": self.windows_per_chunk, **numerics_identity()}
+
+    def execute(self):
+        from ..run.modes import mode_of
+        from ..store.arrays import save_plan
+
+        s = self.spec()
+        work = self.begin()
+        made = mode_of(s.method.name).plan(s)
+        tokens, plan = made.tokens, made.sequences
+        attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
+                 "method": s.method.as_dict(), **made.attrs}
+        save_plan(work / "tokens.zarr", tokens, plan, self.windows_per_chunk, attrs)
+        log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_sequences} of {plan.available} sequences of "
+                 f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
+        # manifest keys as every Tokenize output so far has them
+        self.commit(n_tokens=int(tokens.size), n_windows=plan.n_sequences,
+                    available_windows=plan.available, tokens_scored=plan.tokens_scored)
+
+
+class PlacedTask(OutputTask):
+    """A task that belongs to one layer placement."""
+    placement = luigi.Parameter(description="layer windows, e.g. cpu:0:4,cpu:4:8 (set by PerplexityRun)")
+    compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                                          description="auto: float32 on the CPU, bfloat16 on CUDA")
+    boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32",
+                                           description="how boundaries are stored on disk")
+    shards = luigi.IntParameter(default=1, description="independent chains the corpus is split into")
+    shard = luigi.IntParameter(default=0, description="which of them this task belongs to")
+    device_memory = luigi.Parameter(default="", significant=False,
+                                    description="what the device may hold, e.g. 12GiB (set by PerplexityRun)")
+
+    def windows(self):
+        return parse_placement(self.placement)
+
+    def shard_sequences(self, n_sequences: int) -> range:
+        """The sequences of this task's shard: whole Zarr chunks, so that every batch, and
+        so every number, is the one a single chain computes."""
+        n_chunks = -(-n_sequences // self.windows_per_chunk)
+        first, last = (n_chunks * k // self.shards * self.windows_per_chunk for k in (self.shard, self.shard + 1))
+        return range(first, min(last, n_sequences))
+
+    def numerics_identity(self) -> dict:
+        """The version of what computes this output: the package's and the model family's."""
+        from ..model.arch import ARCHITECTURES
+
+        return numerics_identity(ARCHITECTURES[self.spec().gguf.architecture].numerics)
+
+    def shard_identity(self) -> dict:
+        return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
+
+    def device_identity(self) -> dict:
+        """The device type that computes this output: a CUDA output is never taken for a CPU one
+        (the same dtype does not give the same numbers on both). The CPU, which every output
+        before this key was computed on, adds nothing, so those outputs keep their names."""
+        return {"device": self.device()} if self.device() != "cpu" else {}
+
+    def device(self) -> str:
+        return "cpu"
+
+    @property
+    def resources(self) -> dict:
+        """A task placed on CUDA holds one `gpu` of the scheduler's pool (configs/luigid.cfg)."""
+        return {"gpu": 1} if self.device() == "cuda" else {}
+
+    def hold_to_budget(self, device: str) -> None:
+        """On CUDA --device-memory is a hard limit: past it torch's allocator fails as a smaller
+        card would (on the CPU it only sizes the windows)."""
+        if device.startswith("cuda") and self.device_memory:
+            import torch
+
+            from ..run.preflight import parse_size
+
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, parse_size(self.device_memory) / total), device)
+
+    def complete(self) -> bool:
+        # a boundary removed once its consumer completed must be recomputed for a new consumer
+        return super().complete() and not outputs.read_manifest(self.out_dir()).get("boundary_removed")
+
+    def source_task(self):
+        """The task whose boundary this one consumes."""
+        return self.requires()
+
+    def inputs_read(self) -> list:
+        return [t for t in luigi.task.flatten(self.requires()) if isinstance(t, PlacedTask)]
+
+    def prepare(self) -> None:
+        from ..model.process import prepare_for_compute
+
+        prepare_for_compute()
+
+    def release_input(self) -> None:
+        """Remove the boundary this task consumed, now that its own output is complete; it stays
+        while another consumer (of any process) reads it, and a later one recomputes it. A KL
+        base's last boundary stays for every run compared with it (PerplexityRun.score_tasks
+        marks it), the base's own run included."""
+        source = self.source_task()
+        if isinstance(source, PlacedTask) and not self.keep_boundaries and not outputs.is_kept(source.out_dir()):
+            outputs.remove_data(source.out_dir(), "boundary.zarr", "boundary_removed")
+
+    def dtype_name(self, device: str) -> str:
+        return compute_dtype_name(self.compute_dtype, device)
+
+    def boundary_task(self, last: int):
+        """The task whose output is the boundary at layer `last`."""
+        if last == 0:
+            return self.clone(Embed)
+        window = next(w for w in self.windows() if w.last == last)
+        return self.clone(LayerWindow, first=window.first, last=window.last)
+
+    def input_boundary(self, upstream=None):
+        """The boundary this task reads (of `upstream`, by default the one it consumes), checked
+        to be the one that task wrote."""
+        from ..store.arrays import ChunkedArray
+
+        upstream = upstream or self.source_task()
+        boundary = ChunkedArray.open(upstream.out_dir() / "boundary.zarr")
+        if boundary.attrs.get("output") != upstream.out_dir().name:
+            raise UserError(f"{boundary.path} was written by another run (output "
+                            f"{boundary.attrs.get('output')}), not by {upstream.label()} of this one")
+        return boundary
+
+    def plan(self):
+        """(the corpus plan, its attributes), read once per task: it does not change while the task runs."""
+        from ..store.arrays import load_plan
+
+        if "_plan" not in self.__dict__:
+            self._plan = load_plan(self.clone(Tokenize).out_dir() / "tokens.zarr")
+        return self._plan
+
+    def chunk_ids(self, i: int):
+        """The token ids [sequences, ctx] of chunk i of this task's shard, int64."""
+        import torch
+
+        plan, _ = self.plan()
+        mine, per = self.shard_sequences(plan.n_sequences), self.windows_per_chunk
+        return torch.from_numpy(plan.ids[mine.start + i * per:min(mine.start + (i + 1) * per, mine.stop)]
+                                .astype(np.int64))
+
+
+class Embed(PlacedTask):
+    def requires(self):
+        return self.clone(Tokenize)
+
+    def identity(self):
+        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype, **self.shard_identity(),
+                **self.numerics_identity()}
+
+    def execute(self):
+        import torch
+
+        from ..model.arch import load_architecture
+        from ..run.preflight import check_disk
+
+        s = self.spec()
+        work = self.begin()
+        arch = load_architecture(s.gguf)
+        plan, _ = self.plan()
+        mine = self.shard_sequences(plan.n_sequences)
+        shape = (len(mine), s.method.ctx, arch.hp.hidden)
+        alive = len(self.windows()) + 1 if self.keep_boundaries else 2  # boundaries on disk at once
+        # a window in expert slices keeps, as float32, its staged layer (two hidden states a
+        # token) and two accumulators (one each) while it runs
+        sliced = 4 * 4 * int(np.prod(shape)) if any(w.expert_slices > 1 for w in self.windows()) else 0
+        widest = max(arch.boundary_width(w.last) for w in self.windows())   # a boundary may carry more than hidden
+        check_disk((*shape[:2], widest), self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)),
+                   self.run_root, sliced)
+
+        def compute(i, ids):
+            return arch.embed(ids, "cpu", torch.float32).numpy()
+
+        self.commit(**self.fill(work / "boundary.zarr", shape, self.boundary_dtype, self.chunk_ids, lambda: compute))
+
+
+class LayerWindow(PlacedTask):
+    first = luigi.IntParameter()
+    last = luigi.IntParameter()
+    reuses_weights = True
+
+    def requires(self):
+        return self.boundary_task(self.first)
+
+    def window(self):
+        return next(w for w in self.windows() if w.first == self.first)
+
+    def device(self) -> str:
+        return self.window().device
+
+    def identity(self):
+        return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
+                "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
+                **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
+
+    def label(self):
+        return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
+
+    def pass_position(self) -> tuple[int, int, int, int]:
+        """(layers before this window, in it, in the trunk, runs of a sweep after this one), for
+        the pass-level progress line; the runs still to come are read from the outputs on disk,
+        so every worker of a sweep, on any host, counts the same."""
+        from .sweep import runs_done, sweeps_with
+
+        mine = under_root(location(self.run_root), self)
+        if "_sweeps" not in self.__dict__:  # the records do not change while the task runs
+            self._sweeps = sweeps_with(self.run_root, mine)
+        after = max((sum(not done and mine not in run["outputs"]
+                         for run, done in zip(record["runs"], runs_done(self.run_root, record)))
+                     for record in self._sweeps), default=0)
+        return self.first, self.last - self.first, self.windows()[-1].last, after
+
+    def execute(self):
+        import torch
+
+        from ..gguf_io.dequant import FILE_BYTES_READ, READ_WAIT_S
+        from ..model.arch import load_architecture
+        from ..model.executor import WindowExecutor
+        from ..run.preflight import layer_weight_bytes
+
+        device = resolve_device(self.device())
+        self.hold_to_budget(device)
+        reset_device_peak(device)
+        work = self.begin()
+        source = self.input_boundary()
+        dtype = getattr(torch, self.dtype_name(device))
+        slices, read_before, wait_before = self.window().expert_slices, FILE_BYTES_READ[0], READ_WAIT_S[0]
+        loaded = []
+
+        arch = load_architecture(self.spec().gguf)
+
+        def load():
+            # this window's pages read at once: the disk reads ahead of the dequantization
+            self.read_ahead(self.layer_tensor_names(self.first, self.last))
+            loaded.append(WindowExecutor(arch, self.first, self.last, device, dtype))
+            self.read_ahead_next()
+            return lambda i, chunk: loaded[0](torch.from_numpy(chunk[0]), ids=chunk[1]).numpy()
+
+        if slices > 1:
+            stats = self.fill_in_slices(work, source, device, dtype, slices, loaded)
+        else:  # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
+            n, ctx, _ = source.array.shape
+            stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
+                              lambda i: (source.read_chunk(i), self.chunk_ids(i) if arch.takes_token_ids else None),
+                              load, write_behind=device.startswith("cuda"))
+        peaks = device_peaks_mb(device)
+        if loaded:
+            loaded[0].release()
+            weight_bytes = loaded[0].weight_bytes
+        else:  # every chunk was there already: the weights were never loaded
+            weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
+                               for i in range(self.first, self.last))
+        self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices,
+                    weight_file_bytes_read=FILE_BYTES_READ[0] - read_before,
+                    weight_read_wait_s=round(READ_WAIT_S[0] - wait_before, 3), **peaks, **stats)
+
+    def read_ahead(self, names: list[str]) -> None:
+        """These tensors' file pages read into the page cache in the background, at most half
+        the host memory available now, so pages read ahead never push out those in use. A
+        file bigger than that cannot stay in the page cache: each tensor's pages are dropped
+        from it once used, so they never crowd out those read ahead."""
+        from ..run.preflight import available_bytes
+
+        gguf, room = self.spec().gguf, available_bytes("cpu") // 2
+        gguf.forget_used = gguf.n_bytes > room
+        gguf.read_ahead(names, room)
+
+    def read_ahead_next(self) -> None:
+        """While this window computes, the file pages of the next window (or, after the last
+        one, of the LM head) are read into the page cache, so a cold pass waits on the disk for
+        the first window only."""
+        gguf = self.spec().gguf
+        after = [w for w in self.windows() if w.first == self.last]
+        if after:
+            names = self.layer_tensor_names(after[0].first, after[0].last)
+        else:
+            names = ["output.weight" if "output.weight" in gguf.tensors else "token_embd.weight"]
+        self.read_ahead(names)
+
+    def layer_tensor_names(self, first: int, last: int) -> list[str]:
+        gguf = self.spec().gguf
+        return [t.name for i in range(first, last) for t in gguf.layer_tensors(i)]
+
+    def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
+        """The one layer of this window with its routed experts in slices (model/sliced.py),
+        slices outside and chunks inside: the layer up to its MoE and the routing over every
+        chunk (staged.zarr), then each slice of experts over every chunk, added into a float32
+        accumulator (experts-J.zarr; a slice's `.done` mark written once it is whole, the
+        accumulator before it then removed), then the rest of the layer into the boundary.
+        Every array resumes chunk by chunk; each slice's experts are read once per pass."""
+        import torch
+
+        from ..model.arch import load_architecture
+        from ..model.arch.experts import expert_tensor_names, slice_firsts
+        from ..model.sliced import SlicedLayer
+        from ..store.arrays import ChunkedArray
+
+        def layer() -> SlicedLayer:
+            if not loaded:
+                loaded.append(SlicedLayer(load_architecture(self.spec().gguf), self.first, device, dtype, slices))
+            return loaded[0]
+
+        gguf = self.spec().gguf
+        n, ctx, H = source.array.shape
+        as_tensor = lambda chunks: [torch.from_numpy(c) for c in chunks]  # noqa: E731
+        self.fill(work / "staged.zarr", (n, ctx, layer().width), "float32", source.read_chunk,
+                  lambda: lambda i, x: layer().stage(torch.from_numpy(x)).numpy(), finite=False, part="attention")
+        staged = ChunkedArray.open(work / "staged.zarr")
+        firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
+        before = None                                   # the accumulator of the slices so far
+        for j, a in enumerate(firsts):
+            acc, done = work / f"experts-{j}.zarr", work / f"experts-{j}.done"
+            if not done.exists():
+                def read(i, so_far=before and ChunkedArray.open(before)):
+                    rows = staged.read_chunk(i)
+                    return rows, so_far.read_chunk(i) if so_far else np.zeros((*rows.shape[:2], H), np.float32)
+
+                def load(a=a):
+                    layer().load_slice(a)
+                    return lambda i, chunks: layer().add_slice(*as_tensor(chunks)).numpy()
+
+                self.fill(acc, (n, ctx, H), "float32", read, load, finite=False,
+                          part=f"experts {j + 1}/{len(firsts)}")
+                done.write_text("")
+            if before:
+                outputs.remove_tree(before)
+            before = acc
+        summed = ChunkedArray.open(before)
+        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype,
+                          lambda i: (source.read_chunk(i), staged.read_chunk(i), summed.read_chunk(i)),
+                          lambda: lambda i, chunks: layer().finish(*as_tensor(chunks)).numpy(),
+                          write_behind=device.startswith("cuda"))
+        outputs.remove_tree(work / "staged.zarr")
+        outputs.remove_tree(before)
+        for j in range(len(firsts)):
+            (work / f"experts-{j}.done").unlink(missing_ok=True)
+        return stats
+
+
+def compute_dtype_name(choice: str, device: str) -> str:
+    """--compute-dtype auto is float32 on the CPU (exact) and bfloat16 on CUDA, float16 on a GPU
+    without bfloat16 (a value out of its range stops the pass: NaN or inf is never a result)."""
+    if choice != "auto":
+        return choice
+    if device == "cpu":
+        return "float32"
+    return "bfloat16" if cuda_probe.cuda_facts()["bf16"] else "float16"
+
+

@@ -1,0 +1,18 @@
+"""Evaluation modes over the one trunk. A mode makes the plan of sequences (which targets of
+each are scored, how sequences group into the items a score counts) and reduces the Score
+task's per-token figures into its result; windows, boundaries, resume, placement, shards,
+luigid and sweeps know no mode."""
+from .base import Mode, ModePlan
+from .hellaswag import HellaSwag
+from .perplexity import KLDivergence, Perplexity
+
+# the mode of each scoring method (run/corpus_plan.py's Method.name)
+BY_METHOD = {"llama-cpp": Perplexity, "stride": Perplexity, "hellaswag": HellaSwag}
+
+
+def mode_of(method: str, kl_base: bool = False) -> Mode:
+    mode = BY_METHOD[method]
+    return KLDivergence() if kl_base and mode is Perplexity else mode()
+
+
+__all__ = ["Mode", "ModePlan", "mode_of", "Perplexity", "KLDivergence", "HellaSwag"]

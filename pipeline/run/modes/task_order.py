@@ -1,0 +1,27 @@
+"""The order in which llama-perplexity takes the tasks of a HellaSwag or Winogrande file: each
+draw picks one of the tasks left, `std::uniform_int_distribution<size_t>(0, left - 1)` over a
+`std::mt19937` seeded 1, as libstdc++ computes it (Lemire's nearly-divisionless method on one
+32-bit draw, a new draw while the low word falls under the threshold)."""
+import numpy as np
+
+
+def mt19937_draws(seed: int):
+    """std::mt19937(seed)'s outputs: numpy's legacy RandomState seeds the same generator the
+    same way, and a draw over [0, 2^32) takes one output whole (its stream is frozen)."""
+    state = np.random.RandomState(seed)
+    while True:
+        yield int(state.randint(0, 1 << 32, dtype=np.uint64))
+
+
+def llama_task_order(n_available: int, n_take: int) -> list[int]:
+    """The file indices of the tasks llama-perplexity scores, in the order it scores them."""
+    draws, left, taken = mt19937_draws(1), list(range(n_available)), []
+    for _ in range(min(n_take, n_available)):
+        span = len(left)
+        product = next(draws) * span
+        if product & 0xFFFFFFFF < span:
+            threshold = (1 << 32) % span        # -span % span in 32-bit arithmetic
+            while product & 0xFFFFFFFF < threshold:
+                product = next(draws) * span
+        taken.append(left.pop(product >> 32))
+    return taken
