@@ -9,6 +9,7 @@ TASKS = REPO_ROOT / "tasks"
 DATA = REPO_ROOT / "data"
 CORPORA = DATA / "corpora"   # shipped corpora (tracked), with their source notes
 MODELS_CACHE = DATA / "models"
+EVAL_CACHE = DATA / "eval"      # evaluation data fetched on first use (run/eval_data.py)
 RUNS = DATA / "runs"
 
 

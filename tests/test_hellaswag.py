@@ -121,3 +121,16 @@ def test_running_accuracy_equals_llama_perplexity(tmp_path):
 ])
 def test_options_that_do_not_apply_are_refused(tmp_path, extra, match):
     assert_one_line_error(luigi_cli("--hellaswag", str(TASKS_48), *extra, run_root=tmp_path), match)
+
+
+def test_hellaswag_task_out_of_the_box():
+    from pipeline.run.eval_data import dataset_file
+    from pipeline.run.modes import mode_of
+    from pipeline.run.spec import resolve_run
+
+    text = dataset_file("hellaswag").read_text()     # fetched, converted and its sha256 checked on first use
+    assert len(read_tasks(text, "val")) == 10042
+    assert text.startswith(TASKS_48.read_text())    # the shipped head is its first 48 tasks
+    spec = resolve_run("smollm2-135m", "hellaswag", "", "", "", 0, 0, -1, -1, "auto", "", 4)
+    tasks = mode_of(spec.method.name).plan(spec).attrs["hellaswag"]["tasks"]
+    assert [t["index"] for t in tasks] == [4187, 10013, 7233, 9363]

