@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import luigi
+from gguf import Keys
 
 from ..errors import UserError
 from ..paths import RUNS, location
@@ -20,9 +21,10 @@ from ..run.placement import (
     plan_placement,
     resolve_device,
 )
+from ..run.spec import resolve_run
 from ..store import outputs
 from . import console
-from .output_task import RunTask, under_root
+from .output_task import SPEC_PARAMS, RunTask, under_root
 from .score import Score, run_mode, score_result
 from .trunk import Tokenize, compute_dtype_name
 
@@ -55,8 +57,10 @@ class PerplexityRun(RunTask):
     dump_tokens = luigi.Parameter(default="", significant=False,
                                   description="write the corpus's token ids as the run tokenized them here "
                                               "(.npy, or whitespace-separated ids: what --tokens-file reads)")
-    kl_base = luigi.Parameter(default="", description="KL-divergence against this base model "
-                                                      "(alias, GGUF path, or the result JSON of its run)")
+    kl_base = luigi.Parameter(default="", description="KL-divergence against this base model (alias, GGUF path, "
+                                                      "the result JSON of its run, or llama.cpp's base file)")
+    kl_base_out = luigi.Parameter(default="", significant=False,
+                                  description="write the run's distributions as llama.cpp's KL-divergence base file")
     shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
                                                        "(each reads every layer's weights once)")
 
@@ -120,20 +124,56 @@ class PerplexityRun(RunTask):
             return json.loads(Path(self.kl_base).read_text())["model"]["path"]
         return self.kl_base
 
+    def spec(self):
+        return resolve_run(*({p: getattr(self, p) for p in SPEC_PARAMS} | self.file_base()).values())
+
+    def file_base(self) -> dict:
+        """--kl-base as llama.cpp's base file: the run's parameters that make it score the tokens,
+        ctx and chunks the file was computed over (llama-perplexity --kl-divergence's rules)."""
+        from ..run.logits_file import is_logits_file, read_header
+
+        if not is_logits_file(self.kl_base):
+            return {}
+        h = read_header(self.kl_base)
+        given = [f"--{name.replace('_', '-')}" for name in ("corpus", "tokens_file", "hellaswag")
+                 if getattr(self, name)]
+        given += ["--ctx"] if self.ctx not in (0, h.n_ctx) else []
+        given += ["--method"] if self.method not in ("", "llama-cpp") else []
+        given += ["--unscored-prefix"] if self.unscored_prefix >= 0 else []
+        if given:
+            raise UserError(f"--kl-base {self.kl_base} is llama.cpp's base file: it sets the tokens, ctx {h.n_ctx} "
+                            f"and method it was computed with, so {', '.join(given)} does not apply")
+        return {"tokens_file": str(Path(self.kl_base).resolve()), "method": "llama-cpp", "ctx": h.n_ctx,
+                "chunks": max(self.chunks, 0)}
+
     def score_tasks(self, check_memory: bool = True) -> list:
         """The Score task of each shard (one unless --shards)."""
+        from ..run.logits_file import read_header
+
         if self.shards < 1:
             raise UserError(f"--shards must be >= 1, got {self.shards}")
-        if self.kl_base and self.spec().method.name not in ("llama-cpp", "stride"):
-            raise UserError(f"--kl-base compares distributions over a corpus; the {self.spec().method.name} "
+        method = self.spec().method
+        if (self.kl_base or self.kl_base_out) and method.name not in ("llama-cpp", "stride"):
+            raise UserError(f"--kl-base and --kl-base-out compare distributions over a corpus; the {method.name} "
                             f"method scores choices")
-        base = self.clone(PerplexityRun, model=self.base_model(), kl_base="") if self.kl_base else None
+        if self.kl_base_out and (method.name, method.effective_prefix) != ("llama-cpp", method.ctx // 2):
+            raise UserError("--kl-base-out writes llama.cpp's layout: the llama-cpp method, its first half of "
+                            "each sequence unscored")
+        file_base = self.file_base()
+        vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
+        if file_base and read_header(self.kl_base).n_vocab != vocab:
+            raise UserError(f"--kl-base {self.kl_base} holds distributions over {read_header(self.kl_base).n_vocab} "
+                            f"tokens, the model's vocabulary has {vocab}")
+        base = None if file_base or not self.kl_base else self.clone(PerplexityRun, model=self.base_model(), kl_base="")
         if base is not None and base.spec().tokenizer_id != self.spec().tokenizer_id:
             raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
                             f"compares distributions over the same vocabulary")
-        params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf))}
+        params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf)),
+                  "logits_out": bool(self.kl_base_out), **file_base}
         if base is not None:
             params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory))}
+        if file_base:
+            params["kl_base"] = file_base["tokens_file"]
         scores = [self.clone(Score, shard=k, **params) for k in range(self.shards)]
         with outputs.disk_errors(self.run_root):
             for score in scores if base is not None else []:
@@ -171,11 +211,31 @@ class PerplexityRun(RunTask):
             path = location(self.result_json)
             path.parent.mkdir(parents=True, exist_ok=True)
             outputs.write_json(path, result)
+        if self.kl_base_out:
+            self.write_base_file(self.score_tasks(check_memory=False), result)
         if self.dump_tokens:
             from ..run.spec import write_tokens_file
             from ..store.arrays import load_tokens
 
-            write_tokens_file(self.dump_tokens, load_tokens(self.clone(Tokenize).out_dir() / "tokens.zarr"))
+            write_tokens_file(self.dump_tokens, load_tokens(self.score_tasks(check_memory=False)[0].clone(Tokenize)
+                                                            .out_dir() / "tokens.zarr"))
+
+    def write_base_file(self, scores: list, result: dict) -> None:
+        """--kl-base-out: llama.cpp's base file from the Score outputs' rows of each sequence and the
+        corpus's tokens as tokenized (llama.cpp writes them before it puts BOS in each chunk)."""
+        from ..run.logits_file import LogitsHeader, write_file
+        from ..store.arrays import load_tokens
+
+        s = self.spec()
+        header = LogitsHeader(s.method.ctx, s.gguf.metadata[Keys.Tokenizer.LIST].count, result["chunks"])
+        tokens = load_tokens(scores[0].clone(Tokenize).out_dir() / "tokens.zarr")[:header.n_chunk * header.n_ctx]
+        parts = [score.out_dir() / "logits" / f"{k}.bin" for score in scores
+                 for k in score.shard_sequences(header.n_chunk)]
+        path = location(self.kl_base_out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_file(path, header, tokens, parts)
+        print(f"\nKL-divergence base file: {path} ({header.size() / 2**20:,.1f} MiB, {header.n_chunk} chunks of "
+              f"{header.n_ctx}, llama-perplexity --kl-divergence-base's layout)")
 
 
 def _chain(tasks: list) -> list:

@@ -20,6 +20,10 @@ from ..store.faults import failpoint
 from ..store.timing import Stopwatch, peak_rss_mb, reset_peak_rss
 from . import console
 
+# the parameters a run's spec is resolved from, in resolve_run's order
+SPEC_PARAMS = ("model", "task", "corpus", "tokens_file", "method", "ctx", "stride", "unscored_prefix", "chunks", "bos",
+               "hellaswag", "hellaswag_tasks")
+
 
 class CompleteOutput(luigi.Target):
     """A task's output folder, which exists for Luigi once its manifest is written."""
@@ -56,9 +60,7 @@ class RunTask(luigi.Task):
         super().__init__(*args, **kwargs)
 
     def spec(self):
-        return resolve_run(self.model, self.task, self.corpus, self.tokens_file, self.method, self.ctx,
-                           self.stride, self.unscored_prefix, self.chunks, self.bos, self.hellaswag,
-                           self.hellaswag_tasks)
+        return resolve_run(*(getattr(self, p) for p in SPEC_PARAMS))
 
 
 class OutputTask(RunTask):

@@ -4,11 +4,13 @@ from pathlib import Path
 
 import luigi
 import numpy as np
+from gguf import Keys
 
 from ..run.placement import (
     parse_placement,
     resolve_device,
 )
+from ..store import outputs
 from ..store.timing import device_peaks_mb, reset_device_peak
 from .trunk import LayerWindow, PlacedTask
 
@@ -16,11 +18,20 @@ from .trunk import LayerWindow, PlacedTask
 class Score(PlacedTask):
     """Output norm + LM head over the last boundary: NLL per scored token, and with a KL base
     the per-token KL-divergence figures against the base's last boundary (kld.py)."""
-    kl_base = luigi.Parameter(default="", description="base model of the KL-divergence (set by PerplexityRun)")
+    kl_base = luigi.Parameter(default="", description="base model of the KL-divergence, or llama.cpp's base file "
+                                                      "(set by PerplexityRun)")
     base_placement = luigi.Parameter(default="", description="the base model's layer windows")
+    logits_out = luigi.BoolParameter(default=False, description="also keep each scored distribution as "
+                                                                "llama.cpp's base file holds it")
 
     def requires(self):
-        return [self.source_task()] + ([self.base_task()] if self.kl_base else [])
+        return [self.source_task()] + ([self.base_task()] if self.base_is_model() else [])
+
+    def base_is_model(self) -> bool:
+        """A KL base computed by its own chain (not a llama.cpp base file)."""
+        from ..run.logits_file import is_logits_file
+
+        return bool(self.kl_base) and not is_logits_file(self.kl_base)
 
     def source_task(self):
         return self.boundary_task(self.windows()[-1].last)
@@ -37,16 +48,21 @@ class Score(PlacedTask):
     def identity(self):
         identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
                     **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
-        if self.kl_base:
+        if self.base_is_model():
             identity["kl_base"] = self.base_task().spec().model_sha256
-        return identity
+        elif self.kl_base:
+            from ..gguf_io.registry import file_sha256
+
+            identity["kl_base_file"] = file_sha256(Path(self.kl_base))
+        return identity | ({"logits_out": True} if self.logits_out else {})
 
     def execute(self):
         import torch
 
         from ..model import kld
         from ..model.arch import load_architecture
-        from ..model.scoring import sequence_scores
+        from ..model.scoring import sequence_codes, sequence_scores
+        from ..run.logits_file import LogitsHeader, chunk_rows
 
         device = resolve_device(self.device())
         self.hold_to_budget(device)
@@ -54,13 +70,16 @@ class Score(PlacedTask):
         dtype = getattr(torch, self.dtype_name(device))
         work = self.begin()
         plan, _ = self.plan()
-        sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.kl_base else [])
+        sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.base_is_model() else [])
         n, ctx, _ = sources[0].array.shape
         offset = self.shard_sequences(plan.n_sequences).start
         fields = kld.FIELDS if self.kl_base else ("nll",)
+        vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
+        if self.logits_out:
+            (work / "logits").mkdir(exist_ok=True)
 
         def load():
-            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.kl_base else [])
+            ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.base_is_model() else [])
             heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
 
             def compute(i, hidden):
@@ -70,8 +89,14 @@ class Score(PlacedTask):
                 for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
                     s = offset + local
                     lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
-                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype)
+                    base_rows = None if self.base_is_model() or not self.kl_base else chunk_rows(self.kl_base, s)
+                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype,
+                                                    base_rows)
                     self.require_finite(i, out[j, lo:hi])
+                    if self.logits_out:   # the chunk's rows are on disk before its scores: a resume finds both
+                        rows = sequence_codes(heads[0], hidden[0][j], lo, hi, LogitsHeader(ctx, vocab, 1).row_width,
+                                              vocab, device, dtype)
+                        outputs.write_bytes(work / "logits" / f"{s}.bin", rows.tobytes())
                 return out
             return compute
 

@@ -66,10 +66,12 @@ def token_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def sequence_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: int, hi: int,
-                  device, dtype) -> np.ndarray:
+                    device, dtype, base_rows: np.ndarray | None = None) -> np.ndarray:
     """hidden [T, hidden] of one sequence (and of the KL base's, with its head) -> the
-    figures of targets ids[lo:hi], float64 [hi - lo, fields]: the NLL alone, or kld.FIELDS."""
-    from .kld import token_stats
+    figures of targets ids[lo:hi], float64 [hi - lo, fields]: the NLL alone, or kld.FIELDS; with
+    base_rows [hi - lo, row width], a llama.cpp base file's rows of those targets, kld.FIELDS
+    against them."""
+    from .kld import file_token_stats, token_stats
 
     rows_per_block = max(1, LOGITS_BUDGET // VOCAB_SLICE)
     targets = torch.from_numpy(np.asarray(ids[lo:hi], dtype=np.int64)).to(device)
@@ -78,11 +80,26 @@ def sequence_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo
         b = min(a + rows_per_block, hi - 1)
         t = targets[a - lo + 1:b - lo + 1]
         rows = [h[a:b].to(device, dtype) for h in hidden]  # [rows, hidden] each
-        if len(heads) == 1:
+        if base_rows is not None:
+            out.append(file_token_stats(heads[0], rows[0], t, base_rows[a - lo + 1:b - lo + 1]))
+        elif len(heads) == 1:
             out.append(token_nll(heads[0], rows[0], t)[:, None])
         else:
             out.append(token_stats(heads, rows, t))
     return torch.cat(out).double().cpu().numpy()
+
+
+@torch.inference_mode()
+def sequence_codes(head, hidden: torch.Tensor, lo: int, hi: int, row_width: int, vocab: int,
+                   device, dtype) -> np.ndarray:
+    """hidden [T, hidden] of one sequence -> [hi - lo, row_width] uint16: the distributions that
+    predict targets lo..hi-1, as llama.cpp's base file holds them (kld.quantized_log_probs), in
+    blocks of rows whose whole-vocabulary logits fit LOGITS_BUDGET."""
+    from .kld import quantized_log_probs
+
+    per_block = max(1, LOGITS_BUDGET // vocab)
+    return np.concatenate([quantized_log_probs(head, hidden[a:min(a + per_block, hi - 1)].to(device, dtype), row_width)
+                           for a in range(lo - 1, hi - 1, per_block)])
 
 
 def summarize(nll_per_sequence: list[np.ndarray]) -> dict:

@@ -70,19 +70,21 @@ class SequencePlan:
         return int((self.score_hi - self.score_lo).sum())
 
 
-def plan_sequences(tokens: np.ndarray, m: Method, bos_id: int | None) -> SequencePlan:
+def plan_sequences(tokens: np.ndarray, m: Method, bos_id: int | None, whole_sequences: bool = False) -> SequencePlan:
+    """whole_sequences: the tokens are the sequences themselves (a llama.cpp base file's), however
+    few, not a corpus of which llama-perplexity asks for two sequences at least."""
     tokens = np.asarray(tokens, dtype=np.int32)
-    plan = _llama_cpp(tokens, m, bos_id) if m.name == "llama-cpp" else _stride(tokens, m)
+    plan = _llama_cpp(tokens, m, bos_id, 1 if whole_sequences else 2) if m.name == "llama-cpp" else _stride(tokens, m)
     if m.chunks:
         plan = SequencePlan(plan.ids[:m.chunks], plan.score_lo[:m.chunks], plan.score_hi[:m.chunks], plan.available)
     return plan
 
 
-def _llama_cpp(tokens: np.ndarray, m: Method, bos_id: int | None) -> SequencePlan:
+def _llama_cpp(tokens: np.ndarray, m: Method, bos_id: int | None, least: int) -> SequencePlan:
     n = len(tokens) // m.ctx
-    if n < 2:
+    if n < least:
         raise UserError(f"the corpus has {len(tokens)} tokens; the llama-cpp method needs at least "
-                        f"2 * ctx = {2 * m.ctx}")
+                        f"{least} * ctx = {least * m.ctx}")
     ids = tokens[:n * m.ctx].reshape(n, m.ctx).copy()
     if m.bos:
         ids[:, 0] = bos_id

@@ -13,7 +13,7 @@ from gguf import Keys
 
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex, open_gguf
-from ..gguf_io.registry import model_sha256, registry, resolve_model, sha256_file
+from ..gguf_io.registry import file_sha256, model_sha256, registry, resolve_model
 from ..gguf_io.tokenizer import bos_rule
 from .corpus_plan import Method
 from .evaltask import EvalTask, corpus_text, load_eval_task, text_sha256
@@ -35,7 +35,7 @@ class RunSpec:
     @functools.cached_property
     def corpus_id(self) -> dict:
         if self.tokens_file:
-            return {"tokens_file": self.tokens_file, "sha256": sha256_file(Path(self.tokens_file))}
+            return {"tokens_file": self.tokens_file, "sha256": file_sha256(Path(self.tokens_file))}
         text, label = corpus_text(self.eval_task, self.corpus)
         return {"source": label, "sha256": text_sha256(text)}
 
@@ -51,9 +51,15 @@ class RunSpec:
 
 
 def read_tokens_file(path: str) -> np.ndarray:
+    """Token ids of a .npy array, of whitespace-separated integers, or of llama.cpp's KL-divergence
+    base file (the tokens it was computed over)."""
+    from .logits_file import is_logits_file, read_tokens
+
     p = Path(path)
     if not p.is_file():
         raise UserError(f"tokens file {path} does not exist")
+    if is_logits_file(path):
+        return read_tokens(path).astype(np.int32)
     try:
         tokens = np.load(p) if p.suffix == ".npy" else np.array(p.read_text().split(), dtype=np.int64)
     except ValueError as e:

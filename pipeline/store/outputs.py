@@ -155,12 +155,16 @@ def _link_whole(path: Path, text: str) -> bool:
 
 
 def write_json(path, data: dict) -> None:
-    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    write_bytes(path, (json.dumps(data, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_bytes(path, data: bytes) -> None:
+    """A file written whole or not at all."""
     if not is_local(path):  # one object, written whole or not at all
-        path.write_text(text)
+        path.write_bytes(data)
         return
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    tmp.write_bytes(data)
     os.replace(tmp, path)
 
 

@@ -29,7 +29,10 @@ class Perplexity(Mode):
             text, _ = corpus_text(spec.eval_task, spec.corpus)
             tokens = np.array(load_tokenizer(open_gguf(str(spec.model_path))).encode(text, add_bos=spec.method.bos),
                               dtype=np.int32)
-        return ModePlan(tokens, plan_sequences(tokens, spec.method, spec.bos_id), {})
+        from ..logits_file import is_logits_file
+
+        whole = bool(spec.tokens_file) and is_logits_file(spec.tokens_file)
+        return ModePlan(tokens, plan_sequences(tokens, spec.method, spec.bos_id, whole_sequences=whole), {})
 
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
         return summarize([rows[:, 0] for rows in scored])
