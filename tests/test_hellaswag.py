@@ -106,7 +106,7 @@ def test_running_accuracy_equals_llama_perplexity(tmp_path):
     printed = "".join(line + "\n" for line in out.stdout.splitlines() if line[:1].isdigit() and "\t" in line)
     assert printed == LLAMA_16
     result = json.loads((tmp_path / "r.json").read_text())["hellaswag"]
-    assert result["tasks"] == 16 and result["available"] == 48 and result["acc_norm"] == 25.0
+    assert result["tasks"] == 16 and result["available"] == 48 and result["accuracy"] == 25.0
     assert [t["index"] for t in result["per_task"]] == llama_task_order(48, 16)
     # cycled, windows of 7 layers: every ending's score bit for bit
     luigi_cli("--hellaswag", str(TASKS_48), "--hellaswag-tasks", "16", "--window-layers", "7",

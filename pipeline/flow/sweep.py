@@ -23,10 +23,11 @@ from ..store import outputs
 # where its result goes
 KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer", "device", "device_memory",
         "compute_dtype", "boundary_dtype", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
-        "unscored_prefix", "bos", "kl_base", "windows_per_chunk")
-FILE_KEYS = ("corpus", "tokens_file", "hellaswag")   # paths relative to the repository root
+        "unscored_prefix", "bos", "kl_base", "windows_per_chunk", "hellaswag", "hellaswag_tasks", "winogrande",
+        "winogrande_tasks")
+FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande")   # paths relative to the repository root
 COLUMNS = ("model", "status", "file_gb", "bits_per_weight", "ctx", "method", "placement", "ppl", "ppl_stderr",
-           "mean_nll", "acc_norm", "kld_mean", "kld_p99", "same_top", "ppl_ratio", "elapsed_s", "tokens_per_s",
+           "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio", "elapsed_s", "tokens_per_s",
            "reason")
 
 
@@ -85,7 +86,7 @@ def table_row(result: dict, gguf) -> dict:
     return {"model": Path(result["model"]["path"]).name, "status": "ok", "file_gb": round(file_gb, 4),
             "bits_per_weight": round(bpw, 3), "ctx": result["ctx"], "method": result["method"],
             "placement": result["placement_text"], "ppl": result.get("ppl"), "ppl_stderr": result.get("ppl_stderr"),
-            "mean_nll": result.get("mean_nll"), "acc_norm": result.get("hellaswag", {}).get("acc_norm"),
+            "mean_nll": result.get("mean_nll"), "accuracy": result.get(result["method"], {}).get("accuracy"),
             "kld_mean": k.get("mean"), "kld_p99": k.get("p99"),
             "same_top": k.get("same_top"), "ppl_ratio": k.get("ppl_ratio"), "elapsed_s": round(result["elapsed_s"], 1),
             "tokens_per_s": result["tokens_per_s"] and round(result["tokens_per_s"], 1), "reason": None}

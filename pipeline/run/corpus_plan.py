@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UserError
 
-METHODS = ("llama-cpp", "stride", "hellaswag")   # modes/__init__.py: the mode of each
+METHODS = ("llama-cpp", "stride", "hellaswag", "winogrande")   # modes/__init__.py: the mode of each
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Method:
     ctx: int = 512
     stride: int = 0            # stride method only; 0 means ctx / 2
     unscored_prefix: int = -1  # llama-cpp only; -1 means ctx / 2 (the logits not scored)
-    chunks: int = 0            # sequences kept from the start (--chunks), hellaswag: tasks; 0 means all
+    chunks: int = 0            # sequences kept from the start (--chunks), a choice method's tasks; 0: all
     bos: bool = False          # BOS at the corpus start, and (llama-cpp) at each sequence start
 
     def __post_init__(self):

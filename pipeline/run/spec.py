@@ -87,32 +87,38 @@ def write_tokens_file(path: str, tokens: np.ndarray) -> None:
 @functools.lru_cache(maxsize=16)
 def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: str, ctx: int,
                 stride: int, unscored_prefix: int, chunks: int, bos: str, hellaswag: str = "",
-                hellaswag_tasks: int = 400) -> RunSpec:
+                hellaswag_tasks: int = 400, winogrande: str = "", winogrande_tasks: int = 0) -> RunSpec:
+    from .modes import CHOICE_METHODS
+
     eval_task = load_eval_task(task)
     path = resolve_model(model)
     gguf = open_gguf(str(path))
     known = registry().get(model)
     sha = known["sha256"] if known else model_sha256(gguf.parts)
     defaults = eval_task.method
-    if hellaswag:                          # llama-perplexity's option: the mode and its file at once
-        if method not in ("", "hellaswag"):
-            raise UserError(f"--hellaswag scores a task file; it takes no --method {method}")
-        method, corpus = "hellaswag", hellaswag
+    files = {"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks)}
+    given = [name for name, (file, _) in files.items() if file]
+    if len(given) > 1:
+        raise UserError(f"--{given[0]} and --{given[1]} are two runs: give one")
+    if given:                          # llama-perplexity's options: the mode and its file at once
+        if method not in ("", given[0]):
+            raise UserError(f"--{given[0]} scores a task file; it takes no --method {method}")
+        method, corpus = given[0], files[given[0]][0]
     name = method or defaults.get("name", "llama-cpp")
-    if name == "hellaswag":
+    if name in CHOICE_METHODS:
         if chunks >= 0:
-            raise UserError("--chunks counts a corpus's sequences; HellaSwag takes --hellaswag-tasks N")
+            raise UserError(f"--chunks counts a corpus's sequences; {name} takes --{name}-tasks N")
         if tokens_file:
-            raise UserError("--tokens-file gives a corpus's ids; HellaSwag tokenizes its own tasks")
-        if hellaswag_tasks < 0:
-            raise UserError(f"--hellaswag-tasks must be >= 0 (0: all), got {hellaswag_tasks}")
-        chunks = hellaswag_tasks
+            raise UserError(f"--tokens-file gives a corpus's ids; {name} tokenizes its own tasks")
+        chunks = files[name][1]
+        if chunks < 0:
+            raise UserError(f"--{name}-tasks must be >= 0 (0: all), got {chunks}")
     bos_id, add_bos = bos_rule(gguf)   # as llama-perplexity tokenizes and marks each chunk
     add_bos = {"auto": add_bos, "yes": True, "no": False}[bos]
-    if name == "hellaswag" and not ctx:   # the longest sequence sets the context
-        from .modes.hellaswag import longest_sequence
+    if name in CHOICE_METHODS and not ctx:   # the longest sequence sets the context
+        from .modes.choice import longest_sequence
 
-        ctx = longest_sequence(str(path), *corpus_text(eval_task, corpus), chunks, add_bos)
+        ctx = longest_sequence(name, str(path), *corpus_text(eval_task, corpus), chunks, add_bos)
     m = Method(name=name, ctx=ctx or int(defaults.get("ctx", 512)),
                stride=stride, unscored_prefix=unscored_prefix,
                chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks, bos=add_bos)

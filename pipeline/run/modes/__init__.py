@@ -3,11 +3,14 @@ each are scored, how sequences group into the items a score counts) and reduces 
 task's per-token figures into its result; windows, boundaries, resume, placement, shards,
 luigid and sweeps know no mode."""
 from .base import Mode, ModePlan
+from .choice import ChoiceMode
 from .hellaswag import HellaSwag
 from .perplexity import KLDivergence, Perplexity
+from .winogrande import Winogrande
 
 # the mode of each scoring method (run/corpus_plan.py's Method.name)
-BY_METHOD = {"llama-cpp": Perplexity, "stride": Perplexity, "hellaswag": HellaSwag}
+BY_METHOD = {"llama-cpp": Perplexity, "stride": Perplexity, "hellaswag": HellaSwag, "winogrande": Winogrande}
+CHOICE_METHODS = tuple(name for name, mode in BY_METHOD.items() if issubclass(mode, ChoiceMode))
 
 
 def mode_of(method: str, kl_base: bool = False) -> Mode:
@@ -15,4 +18,5 @@ def mode_of(method: str, kl_base: bool = False) -> Mode:
     return KLDivergence() if kl_base and mode is Perplexity else mode()
 
 
-__all__ = ["Mode", "ModePlan", "mode_of", "Perplexity", "KLDivergence", "HellaSwag"]
+__all__ = ["Mode", "ModePlan", "ChoiceMode", "mode_of", "Perplexity", "KLDivergence", "HellaSwag", "Winogrande",
+           "CHOICE_METHODS"]

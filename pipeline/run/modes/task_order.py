@@ -25,3 +25,21 @@ def llama_task_order(n_available: int, n_take: int) -> list[int]:
                 product = next(draws) * span
         taken.append(left.pop(product >> 32))
     return taken
+
+
+def llama_winogrande_order(n_available: int, n_take: int) -> list[int]:
+    """The file indices of the Winogrande tasks llama-perplexity scores, in its order: all of them in
+    file order unless fewer are asked for; then each draw takes j = int(float(draw / 2^32) * left)
+    in float32 arithmetic, as its code does, and the last index left takes the chosen one's place."""
+    import numpy as np
+
+    if not 0 < n_take < n_available:
+        return list(range(n_available))
+    draws, left, taken = mt19937_draws(1), list(range(n_available)), []
+    scale = np.float32(1) / (np.float32(1) + np.float32(0xFFFFFFFF))
+    for _ in range(n_take):
+        j = int(scale * np.float32(next(draws)) * np.float32(len(left)))
+        taken.append(left[j])
+        left[j] = left[-1]
+        left.pop()
+    return taken

@@ -1,0 +1,101 @@
+"""What the choice tasks share (HellaSwag, Winogrande): a task file read into tasks, taken in
+llama-perplexity's order, each choice of a task tokenized into one sequence with the range of its
+targets that is scored, sequences padded after their last token to the longest one's length
+(attention is causal: padding moves no score); a choice's score is the mean log-probability of its
+scored targets, and the mode decides and prints as llama-perplexity does."""
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import UserError
+from ..corpus_plan import SequencePlan
+from .base import Mode, ModePlan
+
+
+@dataclass(frozen=True)
+class Choice:
+    tokens: tuple[int, ...]
+    lo: int       # the first scored target position (>= 1: a target is predicted from the one before)
+    hi: int       # one past the last
+
+
+@dataclass(frozen=True)
+class ChoiceTask:
+    index: int                     # in the file
+    gold: int                      # the right choice, from 0
+    choices: tuple[Choice, ...]
+
+
+class ChoiceMode(Mode):
+    def read(self, text: str, source: str) -> list:
+        """The file's tasks, as the mode's own records."""
+        raise NotImplementedError
+
+    def order(self, n_available: int, n_take: int) -> list[int]:
+        """The file indices of the tasks llama-perplexity scores, in its order."""
+        raise NotImplementedError
+
+    def tokenize(self, index: int, task, encode) -> ChoiceTask:
+        """One task's choices as sequences; encode(text) -> ids with the model's BOS rule."""
+        raise NotImplementedError
+
+    def score_tasks(self, tasks: list[dict], means: list[list[float]]) -> dict:
+        """Each task ({"index", "gold"}) and its choices' mean log-probabilities -> the mode's result."""
+        raise NotImplementedError
+
+    def plan(self, spec) -> ModePlan:
+        from ..evaltask import corpus_text
+
+        text, source = corpus_text(spec.eval_task, spec.corpus)
+        tasks = tokenized(self.name, str(spec.model_path), text, source, spec.method.chunks, spec.method.bos)
+        ctx, choices = spec.method.ctx, [c for t in tasks for c in t.choices]
+        longest = max(len(c.tokens) for c in choices)
+        if longest > ctx:
+            raise UserError(f"a {self.name} choice is {longest} tokens long, beyond --ctx {ctx}: raise --ctx "
+                            f"(or leave it unset: the longest sequence sets it)")
+        ids = np.zeros((len(choices), ctx), dtype=np.int32)
+        for r, c in enumerate(choices):
+            ids[r, :len(c.tokens)] = c.tokens
+            ids[r, len(c.tokens):] = c.tokens[-1]           # padding: after every scored target
+        attrs = {self.name: {"tasks": [{"index": t.index, "gold": t.gold, "choices": len(t.choices)} for t in tasks],
+                             "available": len(self.read(text, source))}}
+        return ModePlan(np.concatenate([np.asarray(c.tokens, np.int32) for c in choices]),
+                        SequencePlan(ids, np.array([c.lo for c in choices], np.int32),
+                                     np.array([c.hi for c in choices], np.int32), len(choices)), attrs)
+
+    def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
+        tasks, means, row = attrs[self.name]["tasks"], [], 0
+        for task in tasks:
+            means.append([float(-rows[:, 0].mean()) for rows in scored[row:row + task["choices"]]])
+            row += task["choices"]
+        result = self.score_tasks([{"index": t["index"], "gold": t["gold"]} for t in tasks], means)
+        return {self.name: {"tasks": len(tasks), "available": attrs[self.name]["available"], **result},
+                "tokens_scored": int(sum(rows.shape[0] for rows in scored))}
+
+
+def common_prefix(seqs: list[list[int]]) -> int:
+    """Tokens all sequences share from the start."""
+    shared = 0
+    while shared < min(map(len, seqs)) and len({s[shared] for s in seqs}) == 1:
+        shared += 1
+    return shared
+
+
+@functools.lru_cache(maxsize=4)
+def tokenized(mode: str, model_path: str, text: str, source: str, n_tasks: int, add_bos: bool) -> tuple:
+    """The tasks a run scores (n_tasks of them, 0: all), tokenized: ChoiceTask each, in order."""
+    from ...gguf_io.reader import open_gguf
+    from ...gguf_io.tokenizer import load_tokenizer
+    from . import BY_METHOD
+
+    choice_mode = BY_METHOD[mode]()
+    records = choice_mode.read(text, source)
+    tokenizer = load_tokenizer(open_gguf(model_path))
+    encode = functools.partial(tokenizer.encode, add_bos=add_bos)
+    return tuple(choice_mode.tokenize(i, records[i], encode) for i in choice_mode.order(len(records), n_tasks))
+
+
+def longest_sequence(mode: str, model_path: str, text: str, source: str, n_tasks: int, add_bos: bool) -> int:
+    """The tokens of the longest choice's sequence: the ctx a run sets when --ctx is not given."""
+    return max(len(c.tokens) for t in tokenized(mode, model_path, text, source, n_tasks, add_bos) for c in t.choices)
