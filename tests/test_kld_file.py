@@ -133,3 +133,26 @@ def test_truncated_base_file_and_base_out_of_another_method(llama_file, tmp_path
     assert_one_line_error(luigi_cli("--kl-base", str(cut), run_root=tmp_path), "truncated")
     assert_one_line_error(luigi_cli("--corpus", str(HEAD40K), "--method", "stride", "--ctx", "16",
                                     "--kl-base-out", str(tmp_path / "x.kld"), run_root=tmp_path), "llama-cpp method")
+
+
+def test_base_out_resumes_after_a_kill(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.paths import REPO_ROOT
+
+    def run(root, out, env=None):
+        cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--device", "cpu",
+               "--run-root", str(tmp_path / root), "--corpus", str(HEAD40K), "--ctx", "16", "--chunks", "6",
+               "--windows-per-chunk", "2", "--kl-base-out", str(tmp_path / out)]
+        return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, **(env or {})})
+
+    assert run("whole", "whole.kld").returncode == 0
+    # killed once the second chunk is computed: its rows on disk, not its scores
+    killed = run("cut", "cut.kld", {"LAYERCYCLE_FAULT": "chunk-computed@Score#2"})
+    assert killed.returncode < 0 and not (tmp_path / "cut.kld").exists()
+    done = run("cut", "cut.kld")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "cut.kld").read_bytes() == (tmp_path / "whole.kld").read_bytes()

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.run.modes.task_order import llama_winogrande_order
+from pipeline.run.modes.task_order import llama_sampled_order
 from pipeline.run.modes.winogrande import read_tasks
 
 from .helpers import assert_one_line_error, luigi_cli
@@ -62,19 +62,21 @@ LLAMA_F32 = [
 def test_task_order_is_llama_perplexity_s():
     # printed by a C++ program drawing as llama-perplexity's winogrande_score does (g++ 12.2):
     # std::mt19937 rng(1); scale = 1/(1.f + (float)rng.max()); j = int(scale*rng()*aux.size())
-    assert llama_winogrande_order(1267, 10) == [528, 1262, 911, 1178, 0, 161, 381, 1258, 184, 296]
-    printed = "".join(f"{i} " for i in llama_winogrande_order(1267, 400)) + "\n"
+    assert llama_sampled_order(1267, 10) == [528, 1262, 911, 1178, 0, 161, 381, 1258, 184, 296]
+    printed = "".join(f"{i} " for i in llama_sampled_order(1267, 400)) + "\n"
     assert hashlib.sha256(printed.encode()).hexdigest() == \
         "c061037cde00b06bfbeb5e53822875fc5b4b6e80355ee83bb6481cc75ac49359"
-    assert llama_winogrande_order(5, 0) == llama_winogrande_order(5, 9) == [0, 1, 2, 3, 4]   # all, in order
+    assert llama_sampled_order(5, 0) == llama_sampled_order(5, 9) == [0, 1, 2, 3, 4]   # all, in order
 
 
 def test_csv_read_as_llama_perplexity_reads_it():
     text = ('index,sentence,option1,option2,answer\n'                      # a header: skipped, as it does
             '0,"A, then _ left.",Tom,Ann,2\n'
             '1,No blank here.,Tom,Ann,1\n'                                 # no _: skipped
-            '2,B saw _ go.,Tom,Ann,1')                                      # no newline after it: dropped
-    assert read_tasks(text, "f.csv") == [("A, then ", " left.", ("Tom", "Ann"), 2)]
+            '2,B saw _ go.,Tom,Ann,1\n'
+            '3,C saw _ go.,Tom,Ann,1\n')          # the last line: dropped, as llama-perplexity reads -f files
+    assert read_tasks(text, "f.csv") == [("A, then ", " left.", ("Tom", "Ann"), 2),
+                                         ("B saw ", " go.", ("Tom", "Ann"), 1)]
     with pytest.raises(UserError, match="no Winogrande task"):
         read_tasks("x,y\n", "f.csv")
 
@@ -83,7 +85,7 @@ def test_scores_equal_llama_perplexity(tmp_path):
     from pipeline.run.eval_data import dataset_file
 
     head = tmp_path / "w40.csv"
-    head.write_text("".join(dataset_file("winogrande").read_text().splitlines(keepends=True)[:39]))
+    head.write_text("".join(dataset_file("winogrande").read_text().splitlines(keepends=True)[:40]))  # 39 scored
     done = luigi_cli("--winogrande", str(head), "--result-json", str(tmp_path / "r.json"), run_root=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = [line.split() for line in done.stdout.splitlines() if re.match(r"^\d+\t", line)]

@@ -135,7 +135,8 @@ class PerplexityRun(RunTask):
         if not is_logits_file(self.kl_base):
             return {}
         h = read_header(self.kl_base)
-        given = [f"--{name.replace('_', '-')}" for name in ("corpus", "tokens_file", "hellaswag", "winogrande")
+        given = [f"--{name.replace('_', '-')}" for name in ("corpus", "tokens_file", "hellaswag", "winogrande",
+                                                                "multiple_choice")
                  if getattr(self, name)]
         given += ["--ctx"] if self.ctx not in (0, h.n_ctx) else []
         given += ["--method"] if self.method not in ("", "llama-cpp") else []

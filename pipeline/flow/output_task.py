@@ -22,7 +22,8 @@ from . import console
 
 # the parameters a run's spec is resolved from, in resolve_run's order
 SPEC_PARAMS = ("model", "task", "corpus", "tokens_file", "method", "ctx", "stride", "unscored_prefix", "chunks", "bos",
-               "hellaswag", "hellaswag_tasks", "winogrande", "winogrande_tasks")
+               "hellaswag", "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice",
+               "multiple_choice_tasks")
 
 
 class CompleteOutput(luigi.Target):
@@ -53,6 +54,10 @@ class RunTask(luigi.Task):
     winogrande = luigi.Parameter(default="", description="Winogrande: score this CSV (llama.cpp's layout)")
     winogrande_tasks = luigi.IntParameter(default=0, description="Winogrande: tasks to score, in llama-perplexity's "
                                                                  "order (0: all, in file order)")
+    multiple_choice = luigi.Parameter(default="", description="multiple choice: score this binary task file "
+                                                                "(llama.cpp's layout)")
+    multiple_choice_tasks = luigi.IntParameter(default=0, description="multiple choice: tasks to score, in llama-"
+                                                                      "perplexity's order (0: all, in file order)")
     windows_per_chunk = luigi.IntParameter(default=4, description="sequences per Zarr chunk and batch")
     run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
     keep_boundaries = luigi.BoolParameter(default=False, significant=False,

@@ -24,8 +24,9 @@ from ..store import outputs
 KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer", "device", "device_memory",
         "compute_dtype", "boundary_dtype", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
         "unscored_prefix", "bos", "kl_base", "windows_per_chunk", "hellaswag", "hellaswag_tasks", "winogrande",
-        "winogrande_tasks")
-FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande")   # paths relative to the repository root
+        "winogrande_tasks", "multiple_choice", "multiple_choice_tasks")
+# paths relative to the repository root
+FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande", "multiple_choice")
 COLUMNS = ("model", "status", "file_gb", "bits_per_weight", "ctx", "method", "placement", "ppl", "ppl_stderr",
            "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio", "elapsed_s", "tokens_per_s",
            "reason")

@@ -162,14 +162,43 @@ class PlacedTask(OutputTask):
             self._plan = load_plan(self.clone(Tokenize).out_dir() / "tokens.zarr")
         return self._plan
 
+    def chunk_rows(self, i: int) -> slice:
+        """The plan's sequences of chunk i of this task's shard."""
+        plan, _ = self.plan()
+        mine, per = self.shard_sequences(plan.n_sequences), self.windows_per_chunk
+        return slice(mine.start + i * per, min(mine.start + (i + 1) * per, mine.stop))
+
+    def live_length(self, i: int) -> int:
+        """The positions of chunk i that a scored target needs: up to its sequences' last one. A
+        choice task's padding after them is never computed (attention is causal: what comes before
+        it is what the unpadded sequences give); a corpus's sequences are scored to their end."""
+        plan, _ = self.plan()
+        return int(plan.score_hi[self.chunk_rows(i)].max())
+
+    def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, **options) -> dict:
+        """OutputTask.fill over each chunk's live positions (live_length), the rest of the chunk zeros."""
+        ctx = shape[1]
+
+        def trimmed_read(i):
+            live = self.live_length(i)
+            return read(i) if live == ctx else _trim(read(i), live, ctx)
+
+        def trimmed_load():
+            compute = load()
+
+            def run(i, chunk):
+                out = compute(i, chunk)       # [sequences, live, ...]
+                return out if out.shape[1] == ctx else np.pad(out, [(0, 0), (0, ctx - out.shape[1])] +
+                                                              [(0, 0)] * (out.ndim - 2))
+            return run
+        return super().fill(path, shape, dtype, trimmed_read, trimmed_load, **options)
+
     def chunk_ids(self, i: int):
         """The token ids [sequences, ctx] of chunk i of this task's shard, int64."""
         import torch
 
         plan, _ = self.plan()
-        mine, per = self.shard_sequences(plan.n_sequences), self.windows_per_chunk
-        return torch.from_numpy(plan.ids[mine.start + i * per:min(mine.start + (i + 1) * per, mine.stop)]
-                                .astype(np.int64))
+        return torch.from_numpy(plan.ids[self.chunk_rows(i)].astype(np.int64))
 
 
 class Embed(PlacedTask):
@@ -367,6 +396,16 @@ class LayerWindow(PlacedTask):
         for j in range(len(firsts)):
             (work / f"experts-{j}.done").unlink(missing_ok=True)
         return stats
+
+
+def _trim(chunk, live: int, ctx: int):
+    """A chunk's arrays (boundaries, ids: [sequences, ctx, ...]), alone or in tuples and lists,
+    cut to their first `live` positions."""
+    if isinstance(chunk, (tuple, list)):
+        return type(chunk)(_trim(c, live, ctx) for c in chunk)
+    if chunk is not None and chunk.ndim >= 2 and chunk.shape[1] == ctx:
+        return chunk[:, :live]
+    return chunk
 
 
 def compute_dtype_name(choice: str, device: str) -> str:

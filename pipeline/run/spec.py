@@ -5,6 +5,7 @@ corpus -> sha256; tokenizer -> fingerprint of its GGUF metadata (so quantization
 share their tokenization). These identities feed the output-path hashes of the Luigi tasks.
 """
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,12 @@ class RunSpec:
     def corpus_id(self) -> dict:
         if self.tokens_file:
             return {"tokens_file": self.tokens_file, "sha256": file_sha256(Path(self.tokens_file))}
+        from .modes import BY_METHOD
+
+        mode = BY_METHOD[self.method.name]
+        if getattr(mode, "binary", False):
+            content, label = mode().content(self.eval_task, self.corpus)
+            return {"source": label, "sha256": hashlib.sha256(content).hexdigest()}
         text, label = corpus_text(self.eval_task, self.corpus)
         return {"source": label, "sha256": text_sha256(text)}
 
@@ -87,7 +94,8 @@ def write_tokens_file(path: str, tokens: np.ndarray) -> None:
 @functools.lru_cache(maxsize=16)
 def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: str, ctx: int,
                 stride: int, unscored_prefix: int, chunks: int, bos: str, hellaswag: str = "",
-                hellaswag_tasks: int = 400, winogrande: str = "", winogrande_tasks: int = 0) -> RunSpec:
+                hellaswag_tasks: int = 400, winogrande: str = "", winogrande_tasks: int = 0,
+                multiple_choice: str = "", multiple_choice_tasks: int = 0) -> RunSpec:
     from .modes import CHOICE_METHODS
 
     eval_task = load_eval_task(task)
@@ -96,7 +104,8 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
     known = registry().get(model)
     sha = known["sha256"] if known else model_sha256(gguf.parts)
     defaults = eval_task.method
-    files = {"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks)}
+    files = {"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
+             "multiple-choice": (multiple_choice, multiple_choice_tasks)}
     given = [name for name, (file, _) in files.items() if file]
     if len(given) > 1:
         raise UserError(f"--{given[0]} and --{given[1]} are two runs: give one")
@@ -116,9 +125,10 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
     bos_id, add_bos = bos_rule(gguf)   # as llama-perplexity tokenizes and marks each chunk
     add_bos = {"auto": add_bos, "yes": True, "no": False}[bos]
     if name in CHOICE_METHODS and not ctx:   # the longest sequence sets the context
+        from .modes import BY_METHOD
         from .modes.choice import longest_sequence
 
-        ctx = longest_sequence(name, str(path), *corpus_text(eval_task, corpus), chunks, add_bos)
+        ctx = longest_sequence(name, str(path), *BY_METHOD[name]().content(eval_task, corpus), chunks, add_bos)
     m = Method(name=name, ctx=ctx or int(defaults.get("ctx", 512)),
                stride=stride, unscored_prefix=unscored_prefix,
                chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks, bos=add_bos)

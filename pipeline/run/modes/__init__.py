@@ -5,11 +5,13 @@ luigid and sweeps know no mode."""
 from .base import Mode, ModePlan
 from .choice import ChoiceMode
 from .hellaswag import HellaSwag
+from .multiple_choice import MultipleChoice
 from .perplexity import KLDivergence, Perplexity
 from .winogrande import Winogrande
 
 # the mode of each scoring method (run/corpus_plan.py's Method.name)
-BY_METHOD = {"llama-cpp": Perplexity, "stride": Perplexity, "hellaswag": HellaSwag, "winogrande": Winogrande}
+BY_METHOD = {"llama-cpp": Perplexity, "stride": Perplexity, "hellaswag": HellaSwag, "winogrande": Winogrande,
+             "multiple-choice": MultipleChoice}
 CHOICE_METHODS = tuple(name for name, mode in BY_METHOD.items() if issubclass(mode, ChoiceMode))
 
 
@@ -19,4 +21,4 @@ def mode_of(method: str, kl_base: bool = False) -> Mode:
 
 
 __all__ = ["Mode", "ModePlan", "ChoiceMode", "mode_of", "Perplexity", "KLDivergence", "HellaSwag", "Winogrande",
-           "CHOICE_METHODS"]
+           "MultipleChoice", "CHOICE_METHODS"]

@@ -28,7 +28,15 @@ class ChoiceTask:
 
 
 class ChoiceMode(Mode):
-    def read(self, text: str, source: str) -> list:
+    binary = False        # a task file of bytes (multiple choice), else of UTF-8 text
+
+    def content(self, task, corpus: str) -> tuple:
+        """(the task file's text or bytes, its label)."""
+        from ..evaltask import corpus_bytes, corpus_text
+
+        return (corpus_bytes if self.binary else corpus_text)(task, corpus)
+
+    def read(self, text, source: str) -> list:
         """The file's tasks, as the mode's own records."""
         raise NotImplementedError
 
@@ -45,9 +53,7 @@ class ChoiceMode(Mode):
         raise NotImplementedError
 
     def plan(self, spec) -> ModePlan:
-        from ..evaltask import corpus_text
-
-        text, source = corpus_text(spec.eval_task, spec.corpus)
+        text, source = self.content(spec.eval_task, spec.corpus)
         tasks = tokenized(self.name, str(spec.model_path), text, source, spec.method.chunks, spec.method.bos)
         ctx, choices = spec.method.ctx, [c for t in tasks for c in t.choices]
         longest = max(len(c.tokens) for c in choices)
@@ -83,7 +89,7 @@ def common_prefix(seqs: list[list[int]]) -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def tokenized(mode: str, model_path: str, text: str, source: str, n_tasks: int, add_bos: bool) -> tuple:
+def tokenized(mode: str, model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> tuple:
     """The tasks a run scores (n_tasks of them, 0: all), tokenized: ChoiceTask each, in order."""
     from ...gguf_io.reader import open_gguf
     from ...gguf_io.tokenizer import load_tokenizer
@@ -96,6 +102,6 @@ def tokenized(mode: str, model_path: str, text: str, source: str, n_tasks: int, 
     return tuple(choice_mode.tokenize(i, records[i], encode) for i in choice_mode.order(len(records), n_tasks))
 
 
-def longest_sequence(mode: str, model_path: str, text: str, source: str, n_tasks: int, add_bos: bool) -> int:
+def longest_sequence(mode: str, model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> int:
     """The tokens of the longest choice's sequence: the ctx a run sets when --ctx is not given."""
     return max(len(c.tokens) for t in tokenized(mode, model_path, text, source, n_tasks, add_bos) for c in t.choices)

@@ -27,10 +27,11 @@ def llama_task_order(n_available: int, n_take: int) -> list[int]:
     return taken
 
 
-def llama_winogrande_order(n_available: int, n_take: int) -> list[int]:
-    """The file indices of the Winogrande tasks llama-perplexity scores, in its order: all of them in
-    file order unless fewer are asked for; then each draw takes j = int(float(draw / 2^32) * left)
-    in float32 arithmetic, as its code does, and the last index left takes the chosen one's place."""
+def llama_sampled_order(n_available: int, n_take: int) -> list[int]:
+    """The file indices of the Winogrande or multiple-choice tasks llama-perplexity scores, in its
+    order: all of them in file order unless fewer are asked for; then each draw takes
+    j = int(float(draw / 2^32) * left) in float32 arithmetic, as its code does, and the last index
+    left takes the chosen one's place."""
     import numpy as np
 
     if not 0 < n_take < n_available:

@@ -16,16 +16,17 @@ import numpy as np
 
 from ...errors import UserError
 from .choice import Choice, ChoiceMode, ChoiceTask, common_prefix
-from .task_order import llama_winogrande_order
+from .task_order import llama_sampled_order
 
 MIN_TRAILING = 3          # llama-perplexity's k_min_trailing_ctx
 
 
 def read_tasks(text: str, source: str) -> list[tuple[str, str, tuple[str, str], int]]:
     """(first, second, options, answer 1 or 2) of each line llama-perplexity accepts; it skips a
-    line it cannot read (a header, say) and a last line without its newline."""
+    line it cannot read (a header, say), and the file's last line: it reads a -f file without its
+    final newline, and its CSV reader drops a last line without one."""
     tasks = []
-    for line in text.split("\n")[:-1]:
+    for line in text.removesuffix("\n").split("\n")[:-1]:
         commas, quoted = [], False
         for i, ch in enumerate(line):
             if ch == '"':
@@ -56,7 +57,7 @@ class Winogrande(ChoiceMode):
         return read_tasks(text, source)
 
     def order(self, n_available: int, n_take: int) -> list[int]:
-        return llama_winogrande_order(n_available, n_take)
+        return llama_sampled_order(n_available, n_take)
 
     def tokenize(self, index: int, task, encode) -> ChoiceTask:
         first, second, options, answer = task
