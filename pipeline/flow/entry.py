@@ -147,12 +147,11 @@ class PerplexityRun(RunTask):
         return {"tokens_file": str(Path(self.kl_base).resolve()), "method": "llama-cpp", "ctx": h.n_ctx,
                 "chunks": max(self.chunks, 0)}
 
-    def score_tasks(self, check_memory: bool = True) -> list:
-        """The Score task of each shard (one unless --shards)."""
+    def check_kl_options(self) -> None:
+        """--kl-base and --kl-base-out where they apply: a corpus's distributions, llama.cpp's
+        layout for a file written, a base file's vocabulary the model's."""
         from ..run.logits_file import read_header
 
-        if self.shards < 1:
-            raise UserError(f"--shards must be >= 1, got {self.shards}")
         method = self.spec().method
         if (self.kl_base or self.kl_base_out) and method.name not in ("llama-cpp", "stride"):
             raise UserError(f"--kl-base and --kl-base-out compare distributions over a corpus; the {method.name} "
@@ -160,11 +159,17 @@ class PerplexityRun(RunTask):
         if self.kl_base_out and (method.name, method.effective_prefix) != ("llama-cpp", method.ctx // 2):
             raise UserError("--kl-base-out writes llama.cpp's layout: the llama-cpp method, its first half of "
                             "each sequence unscored")
-        file_base = self.file_base()
         vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
-        if file_base and read_header(self.kl_base).n_vocab != vocab:
-            raise UserError(f"--kl-base {self.kl_base} holds distributions over {read_header(self.kl_base).n_vocab} "
-                            f"tokens, the model's vocabulary has {vocab}")
+        if self.file_base() and (held := read_header(self.kl_base).n_vocab) != vocab:
+            raise UserError(f"--kl-base {self.kl_base} holds distributions over {held} tokens, the model's "
+                            f"vocabulary has {vocab}")
+
+    def score_tasks(self, check_memory: bool = True) -> list:
+        """The Score task of each shard (one unless --shards)."""
+        if self.shards < 1:
+            raise UserError(f"--shards must be >= 1, got {self.shards}")
+        self.check_kl_options()
+        file_base = self.file_base()
         base = None if file_base or not self.kl_base else self.clone(PerplexityRun, model=self.base_model(), kl_base="")
         if base is not None and base.spec().tokenizer_id != self.spec().tokenizer_id:
             raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "

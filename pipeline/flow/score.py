@@ -74,7 +74,9 @@ class Score(PlacedTask):
         n, ctx, _ = sources[0].array.shape
         offset = self.shard_sequences(plan.n_sequences).start
         fields = kld.FIELDS if self.kl_base else ("nll",)
+        base_file = "" if self.base_is_model() else self.kl_base          # llama.cpp's base file, if that
         vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
+        row_width = LogitsHeader(ctx, vocab, 1).row_width
         if self.logits_out:
             (work / "logits").mkdir(exist_ok=True)
 
@@ -89,13 +91,11 @@ class Score(PlacedTask):
                 for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
                     s = offset + local
                     lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
-                    base_rows = None if self.base_is_model() or not self.kl_base else chunk_rows(self.kl_base, s)
                     out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype,
-                                                    base_rows)
+                                                    chunk_rows(base_file, s) if base_file else None)
                     self.require_finite(i, out[j, lo:hi])
                     if self.logits_out:   # the chunk's rows are on disk before its scores: a resume finds both
-                        rows = sequence_codes(heads[0], hidden[0][j], lo, hi, LogitsHeader(ctx, vocab, 1).row_width,
-                                              vocab, device, dtype)
+                        rows = sequence_codes(heads[0], hidden[0][j], lo, hi, row_width, vocab, device, dtype)
                         outputs.write_bytes(work / "logits" / f"{s}.bin", rows.tobytes())
                 return out
             return compute

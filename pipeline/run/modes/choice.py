@@ -1,8 +1,9 @@
-"""What the choice tasks share (HellaSwag, Winogrande): a task file read into tasks, taken in
-llama-perplexity's order, each choice of a task tokenized into one sequence with the range of its
-targets that is scored, sequences padded after their last token to the longest one's length
-(attention is causal: padding moves no score); a choice's score is the mean log-probability of its
-scored targets, and the mode decides and prints as llama-perplexity does."""
+"""What the choice tasks share (HellaSwag, Winogrande, multiple choice): a task file read into
+tasks, taken in llama-perplexity's order, each choice of a task tokenized into one sequence with
+the range of its targets that is scored, sequences padded after their last token to the longest
+one's length (attention is causal: padding moves no score, and a window computes a chunk only up
+to its last scored position); a choice's score is the mean log-probability of its scored targets,
+and the mode decides and prints as llama-perplexity does."""
 import functools
 from dataclasses import dataclass
 
