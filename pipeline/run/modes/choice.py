@@ -37,13 +37,9 @@ class ChoiceMode(Mode):
 
         return (corpus_bytes if self.binary else corpus_text)(task, corpus)
 
-    def read(self, text, source: str) -> list:
-        """The file's tasks, as the mode's own records."""
-        raise NotImplementedError
-
-    def order(self, n_available: int, n_take: int) -> list[int]:
-        """The file indices of the tasks llama-perplexity scores, in its order."""
-        raise NotImplementedError
+    # read(content, source) -> the file's tasks, as the mode's own records
+    # order(n_available, n_take) -> the file indices of the tasks llama-perplexity scores, in its order
+    read = order = None
 
     def tokenize(self, index: int, task, encode) -> ChoiceTask:
         """One task's choices as sequences; encode(text) -> ids with the model's BOS rule."""
@@ -55,7 +51,8 @@ class ChoiceMode(Mode):
 
     def plan(self, spec) -> ModePlan:
         text, source = self.content(spec.eval_task, spec.corpus)
-        tasks = tokenized(self.name, str(spec.model_path), text, source, spec.method.chunks, spec.method.bos)
+        available, tasks = tokenized(self.name, str(spec.model_path), text, source, spec.method.chunks,
+                                     spec.method.bos)
         ctx, choices = spec.method.ctx, [c for t in tasks for c in t.choices]
         longest = max(len(c.tokens) for c in choices)
         if longest > ctx:
@@ -66,7 +63,7 @@ class ChoiceMode(Mode):
             ids[r, :len(c.tokens)] = c.tokens
             ids[r, len(c.tokens):] = c.tokens[-1]           # padding: after every scored target
         attrs = {self.name: {"tasks": [{"index": t.index, "gold": t.gold, "choices": len(t.choices)} for t in tasks],
-                             "available": len(self.read(text, source))}}
+                             "available": available}}
         return ModePlan(np.concatenate([np.asarray(c.tokens, np.int32) for c in choices]),
                         SequencePlan(ids, np.array([c.lo for c in choices], np.int32),
                                      np.array([c.hi for c in choices], np.int32), len(choices)), attrs)
@@ -91,7 +88,8 @@ def common_prefix(seqs: list[list[int]]) -> int:
 
 @functools.lru_cache(maxsize=4)
 def tokenized(mode: str, model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> tuple:
-    """The tasks a run scores (n_tasks of them, 0: all), tokenized: ChoiceTask each, in order."""
+    """(the tasks in the file, the tasks a run scores (n_tasks of them, 0: all) tokenized: ChoiceTask
+    each, in order)."""
     from ...gguf_io.reader import open_gguf
     from ...gguf_io.tokenizer import load_tokenizer
     from . import BY_METHOD
@@ -100,9 +98,11 @@ def tokenized(mode: str, model_path: str, text, source: str, n_tasks: int, add_b
     records = choice_mode.read(text, source)
     tokenizer = load_tokenizer(open_gguf(model_path))
     encode = functools.partial(tokenizer.encode, add_bos=add_bos)
-    return tuple(choice_mode.tokenize(i, records[i], encode) for i in choice_mode.order(len(records), n_tasks))
+    return len(records), tuple(choice_mode.tokenize(i, records[i], encode)
+                               for i in choice_mode.order(len(records), n_tasks))
 
 
 def longest_sequence(mode: str, model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> int:
     """The tokens of the longest choice's sequence: the ctx a run sets when --ctx is not given."""
-    return max(len(c.tokens) for t in tokenized(mode, model_path, text, source, n_tasks, add_bos) for c in t.choices)
+    _, tasks = tokenized(mode, model_path, text, source, n_tasks, add_bos)
+    return max(len(c.tokens) for t in tasks for c in t.choices)

@@ -39,12 +39,8 @@ def read_tasks(text: str, source: str) -> list[tuple[str, int, list[str]]]:
 
 class HellaSwag(ChoiceMode):
     name = "hellaswag"
-
-    def read(self, text: str, source: str) -> list:
-        return read_tasks(text, source)
-
-    def order(self, n_available: int, n_take: int) -> list[int]:
-        return llama_task_order(n_available, n_take or n_available)
+    read = staticmethod(read_tasks)
+    order = staticmethod(llama_task_order)
 
     def tokenize(self, index: int, task, encode) -> ChoiceTask:
         context, gold, endings = task

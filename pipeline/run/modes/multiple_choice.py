@@ -71,12 +71,8 @@ def read_tasks(data: bytes, source: str) -> list[tuple[str, list[str], list[int]
 class MultipleChoice(ChoiceMode):
     name = "multiple-choice"
     binary = True
-
-    def read(self, data: bytes, source: str) -> list:
-        return read_tasks(data, source)
-
-    def order(self, n_available: int, n_take: int) -> list[int]:
-        return llama_sampled_order(n_available, n_take)
+    read = staticmethod(read_tasks)
+    order = staticmethod(llama_sampled_order)
 
     def tokenize(self, index: int, task, encode) -> ChoiceTask:
         question, answers, labels = task

@@ -14,9 +14,10 @@ def mt19937_draws(seed: int):
 
 
 def llama_task_order(n_available: int, n_take: int) -> list[int]:
-    """The file indices of the tasks llama-perplexity scores, in the order it scores them."""
+    """The file indices of the tasks llama-perplexity scores, in the order it scores them (n_take 0:
+    all of them, in that order)."""
     draws, left, taken = mt19937_draws(1), list(range(n_available)), []
-    for _ in range(min(n_take, n_available)):
+    for _ in range(min(n_take or n_available, n_available)):
         span = len(left)
         product = next(draws) * span
         if product & 0xFFFFFFFF < span:

@@ -52,12 +52,8 @@ def read_tasks(text: str, source: str) -> list[tuple[str, str, tuple[str, str], 
 
 class Winogrande(ChoiceMode):
     name = "winogrande"
-
-    def read(self, text: str, source: str) -> list:
-        return read_tasks(text, source)
-
-    def order(self, n_available: int, n_take: int) -> list[int]:
-        return llama_sampled_order(n_available, n_take)
+    read = staticmethod(read_tasks)
+    order = staticmethod(llama_sampled_order)
 
     def tokenize(self, index: int, task, encode) -> ChoiceTask:
         first, second, options, answer = task
