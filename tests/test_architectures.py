@@ -65,7 +65,7 @@ def test_logits_match_transformers(name, tiny_model):
 @pytest.mark.parametrize("name", ARCHS)
 def test_cycled_equals_whole_bit_for_bit(name, tiny_model, tmp_path):
     _, path = tiny_model(name)
-    common = dict(model=str(path), ctx=64, chunks=6, windows_per_chunk=4)  # two batches of sequences
+    common = dict(model=str(path), ctx=64, chunks=6, sequences_per_chunk=4)  # two batches of sequences
     whole = run_pipeline(tmp_path, window_layers=0, **common)
     n_layers = whole["model"]["n_layers"]
     for size in (1, 3):  # 3 divides none of the fixtures' 3, 4 and 5 layers but the first

@@ -15,8 +15,8 @@ from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline, tr
 from .tiny_gguf import write_tiny_gguf
 
 SMALL = ["--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128", "--chunks", "4", "--window-layers", "10",
-         "--windows-per-chunk", "2"]
-SMALL_PARAMS = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=4, window_layers=10, windows_per_chunk=2)
+         "--sequences-per-chunk", "2"]
+SMALL_PARAMS = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=4, window_layers=10, sequences_per_chunk=2)
 
 
 def ids_file(tmp_path, n=600):
@@ -51,6 +51,11 @@ def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
 
 def test_windows_that_do_not_tile(tmp_path):
     assert_one_line_error(luigi_cli("--gpu-layers", "40", run_root=tmp_path), "does not fit")
+
+
+def test_an_option_under_both_its_names(tmp_path):
+    done = luigi_cli("--windows-per-chunk", "2", "--sequences-per-chunk", "3", run_root=tmp_path)
+    assert_one_line_error(done, "--windows-per-chunk is the former name of --sequences-per-chunk")
 
 
 def test_unwritable_run_root(tmp_path):
@@ -103,7 +108,7 @@ def test_second_process_on_the_same_task(tmp_path):
 
 
 def test_full_disk_mid_pass_keeps_completed_chunks_and_resumes(tmp_path, monkeypatch, caplog):
-    params = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=8, windows_per_chunk=2, window_layers=10)
+    params = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=8, sequences_per_chunk=2, window_layers=10)
     reference = run_pipeline(tmp_path / "reference", **params)
     writes = {"n": 0}
     real_write = ChunkedArray.write_chunk

@@ -127,7 +127,7 @@ def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slic
     from pipeline.store import outputs
 
     common = dict(model=str(big_experts), task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4,
-                  windows_per_chunk=1)
+                  sequences_per_chunk=1)
     whole = run_pipeline(tmp_path / "whole", window_layers=0, **common)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in common.items()] + ["--device-memory=900MiB", "--device=cpu"]
     cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--run-root",

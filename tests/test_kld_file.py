@@ -145,7 +145,7 @@ def test_base_out_resumes_after_a_kill(tmp_path):
     def run(root, out, env=None):
         cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--device", "cpu",
                "--run-root", str(tmp_path / root), "--corpus", str(HEAD40K), "--ctx", "16", "--chunks", "6",
-               "--windows-per-chunk", "2", "--kl-base-out", str(tmp_path / out)]
+               "--sequences-per-chunk", "2", "--kl-base-out", str(tmp_path / out)]
         return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                               env={**os.environ, **(env or {})})
 

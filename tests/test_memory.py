@@ -34,7 +34,7 @@ def a_third_of_the_trunk_fits(run, monkeypatch) -> int:
     s = run.spec()
     per_layer = [preflight.layer_weight_bytes(s.gguf, i, torch.float32) for i in range(windows[-1].last)]
     n_head = load_architecture(s.gguf).hp.n_head
-    fixed = preflight.RUNTIME_BYTES + preflight.activation_bytes(s.gguf, run.windows_per_chunk, s.method.ctx, n_head)
+    fixed = preflight.RUNTIME_BYTES + preflight.activation_bytes(s.gguf, run.sequences_per_chunk, s.method.ctx, n_head)
     monkeypatch.setattr(preflight, "available_bytes", lambda device: fixed + sum(per_layer) // 3)
     monkeypatch.setattr(preflight, "check_heads_fit", lambda *args: None)  # the head has its own test
     return len(per_layer)

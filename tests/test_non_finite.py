@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType
 from .helpers import HEAD40K, assert_one_line_error, luigi_cli
 from .tiny_gguf import rewrite_gguf
 
-ARGS = ["--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128", "--chunks", "4", "--windows-per-chunk", "2",
+ARGS = ["--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128", "--chunks", "4", "--sequences-per-chunk", "2",
         "--window-layers", "8"]
 
 

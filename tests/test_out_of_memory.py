@@ -11,7 +11,7 @@ from pipeline.store import outputs
 
 from .helpers import HEAD40K, run_pipeline
 
-PARAMS = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4, windows_per_chunk=2, window_layers=0,
+PARAMS = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4, sequences_per_chunk=2, window_layers=0,
               device="cpu")
 
 

@@ -26,7 +26,7 @@ def test_ppl_matches_llama_perplexity(alias, tmp_path):
 
 @pytest.mark.parametrize("alias", MODELS)
 def test_cycled_equals_whole_bit_for_bit(alias, tmp_path):
-    common = dict(model=alias, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=3, windows_per_chunk=2)
+    common = dict(model=alias, task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=3, sequences_per_chunk=2)
     whole = run_pipeline(tmp_path, window_layers=0, **common)
     assert len(whole["placement"]) == 1
     for size in (1, 7):  # 7 divides none of 30, 18, 24
@@ -64,7 +64,7 @@ def test_float16_boundaries_refused_for_gemma3(tmp_path):
 
 
 def test_shards_give_the_numbers_of_one_chain(tmp_path):
-    common = dict(ctx=64, chunks=7, windows_per_chunk=2, window_layers=10)  # 4 Zarr chunks, the last one short
+    common = dict(ctx=64, chunks=7, sequences_per_chunk=2, window_layers=10)  # 4 Zarr chunks, the last one short
     one = run_pipeline(tmp_path, **common)
     three = run_pipeline(tmp_path, shards=3, **common)
     assert [w["mean_nll"] for w in three["per_window"]] == [w["mean_nll"] for w in one["per_window"]]

@@ -111,7 +111,7 @@ def test_a_second_host_reuses_the_windows_the_first_planned(monkeypatch, tmp_pat
 
     def host_with(total: int):
         monkeypatch.setattr(preflight, "total_bytes", lambda device: total)
-        return PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path), windows_per_chunk=4)
+        return PerplexityRun(model="smollm2-135m", device="cpu", run_root=str(tmp_path), sequences_per_chunk=4)
 
     small = host_with(1200 * 2**20).placement(check_memory=False)
     assert len(small) > 1

@@ -9,7 +9,7 @@ from .helpers import HEAD40K, run_pipeline
 
 
 def test_interrupted_window_recomputes_only_missing_chunks(tmp_path):
-    params = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=6, windows_per_chunk=2, window_layers=10)
+    params = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=6, sequences_per_chunk=2, window_layers=10)
     first = run_pipeline(tmp_path, keep_boundaries=True, **params)
     windows = {json.loads((d / "manifest.json").read_text())["identity"]["layers"][0]: d
                for d in (tmp_path / "LayerWindow").iterdir()}
@@ -30,7 +30,7 @@ def test_interrupted_window_recomputes_only_missing_chunks(tmp_path):
 
 
 def test_corrupted_chunk_in_a_partial_boundary_is_recomputed(tmp_path):
-    params = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=4, windows_per_chunk=2, window_layers=0)
+    params = dict(task="wikitext-2", corpus=str(HEAD40K), ctx=128, chunks=4, sequences_per_chunk=2, window_layers=0)
     first = run_pipeline(tmp_path, keep_boundaries=True, **params)
     (window,) = (tmp_path / "LayerWindow").iterdir()
     (window / outputs.MANIFEST).unlink()

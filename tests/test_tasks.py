@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from pipeline.errors import UserError
 from pipeline.flow.score import Score
 from pipeline.flow.trunk import Embed, LayerWindow, Tokenize
 from pipeline.gguf_io.reader import GGUFIndex
@@ -31,6 +32,22 @@ def test_device_does_not_change_tokenize_or_embed_paths(tmp_path):
     assert Embed(run_root=str(tmp_path), ctx=128, **COMMON).out_dir() == cpu.clone(Embed).out_dir()
     assert Tokenize(run_root=str(tmp_path), ctx=128, task="wikitext-2", corpus=str(HEAD40K)).out_dir() \
         == cpu.clone(Tokenize).out_dir()
+
+
+def test_the_former_name_of_sequences_per_chunk_is_the_same_option(tmp_path):
+    import luigi.cmdline_parser
+
+    def task(*args):
+        with luigi.cmdline_parser.CmdlineParser.global_instance(["Tokenize", "--run-root", str(tmp_path), *args]) as cp:
+            return cp.get_task_obj()
+
+    new = task("--sequences-per-chunk", "2")
+    assert new.out_dir() != task().out_dir()  # the option changes the chunking
+    assert task("--windows-per-chunk", "2").out_dir() == new.out_dir()
+    assert Tokenize(run_root=str(tmp_path), windows_per_chunk=2).out_dir() == new.out_dir()
+    assert task("--windows-per-chunk", "2", "--sequences-per-chunk", "2").out_dir() == new.out_dir()
+    with pytest.raises(UserError, match="former name of --sequences-per-chunk, give one"):
+        task("--windows-per-chunk", "2", "--sequences-per-chunk", "3").check_renamed()
 
 
 def test_params_json_beside_each_output(tmp_path):
@@ -98,7 +115,7 @@ def test_long_tasks_report_progress_through_luigi(tmp_path, monkeypatch):
         return original[1](self, task_id, progress_percentage)
     monkeypatch.setattr(Scheduler, "set_task_status_message", status)
     monkeypatch.setattr(Scheduler, "set_task_progress_percentage", percent)
-    run_pipeline(tmp_path, ctx=64, chunks=4, windows_per_chunk=2, window_layers=15)
+    run_pipeline(tmp_path, ctx=64, chunks=4, sequences_per_chunk=2, window_layers=15)
     assert messages["LayerWindow"][0].startswith("LayerWindow [0..15) cpu: chunk 1/2, ")
     assert "tok/s" in messages["Score"][-1] and messages["Score"][-1].endswith("s left")
     assert percents["Embed"] == [50, 100] and percents["Score"] == [50, 100]

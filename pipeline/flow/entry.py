@@ -88,7 +88,7 @@ class PerplexityRun(RunTask):
             what = "--device-memory" if dev in caps else f"the {dev} budget ({preflight.AUTO_SHARE[dev]:.0%} of it)"
             score_here = dev == ("cpu" if ends_on_cpu else device)   # the Score task runs on the last window's device
             floor = preflight.heads_need(heads, dtype.itemsize)[0] if score_here else 0
-            fixed = preflight.window_fixed_bytes(s.gguf, self.windows_per_chunk, s.method.ctx, hp.n_head, dev)
+            fixed = preflight.window_fixed_bytes(s.gguf, self.sequences_per_chunk, s.method.ctx, hp.n_head, dev)
             return pack_windows(per_layer, fixed, preflight.device_budget(dev, caps.get(dev)), first, last, dev,
                                 what, experts, floor)
 
@@ -99,7 +99,7 @@ class PerplexityRun(RunTask):
                 windows = self.recorded_placement(windows, device, dtypes)
         check_tiling(windows, hp.n_layers)
         if check_memory:
-            preflight.check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.windows_per_chunk, s.method.ctx,
+            preflight.check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.sequences_per_chunk, s.method.ctx,
                                    {w.device: dtypes[w.device] for w in windows},
                                    heads=heads, caps=caps)
         return windows
@@ -109,8 +109,9 @@ class PerplexityRun(RunTask):
         a first planner chose for the same model and settings: then those, so that workers on
         hosts with other memory plan the same windows and share every output."""
         s = self.spec()
+        # --sequences-per-chunk under its former name, so that records written before the rename hold
         key = {"model": s.model_sha256, "device": device, "dtypes": dtypes, "gpu_layers": self.gpu_layers,
-               "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.windows_per_chunk,
+               "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.sequences_per_chunk,
                **({"cycle": True} if self.cycle else {})}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         path = location(self.run_root) / ".placements" / f"{digest}.json"
@@ -168,6 +169,7 @@ class PerplexityRun(RunTask):
         """The Score task of each shard (one unless --shards)."""
         if self.shards < 1:
             raise UserError(f"--shards must be >= 1, got {self.shards}")
+        self.check_renamed()
         self.check_kl_options()
         file_base = self.file_base()
         base = None if file_base or not self.kl_base else self.clone(PerplexityRun, model=self.base_model(), kl_base="")

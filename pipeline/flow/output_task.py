@@ -58,7 +58,9 @@ class RunTask(luigi.Task):
                                                                 "(llama.cpp's layout)")
     multiple_choice_tasks = luigi.IntParameter(default=0, description="multiple choice: tasks to score, in llama-"
                                                                       "perplexity's order (0: all, in file order)")
-    windows_per_chunk = luigi.IntParameter(default=4, description="sequences per Zarr chunk and batch")
+    sequences_per_chunk = luigi.IntParameter(default=4, description="sequences per Zarr chunk and batch")
+    windows_per_chunk = luigi.OptionalIntParameter(default=None, significant=False,
+                                                   description="former name of --sequences-per-chunk")
     run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
     keep_boundaries = luigi.BoolParameter(default=False, significant=False,
                                           description="keep boundaries after their consumer completed")
@@ -66,6 +68,22 @@ class RunTask(luigi.Task):
     def __init__(self, *args, **kwargs):
         console.install()  # a process that makes tasks runs them: its console is set up once
         super().__init__(*args, **kwargs)
+
+    @classmethod
+    def get_param_values(cls, params, args, kwargs):
+        """--windows-per-chunk, the former name, read as --sequences-per-chunk; where both are
+        given with different values, the old one is kept for check_renamed to refuse."""
+        values = dict(super().get_param_values(params, args, kwargs))
+        old = values["windows_per_chunk"]
+        if old is not None and ("sequences_per_chunk" not in kwargs or kwargs["sequences_per_chunk"] == old):
+            values |= {"sequences_per_chunk": old, "windows_per_chunk": None}
+        return [(name, values[name]) for name, _ in params]
+
+    def check_renamed(self) -> None:
+        if self.windows_per_chunk is not None:
+            raise UserError(f"--windows-per-chunk {self.windows_per_chunk} and --sequences-per-chunk "
+                            f"{self.sequences_per_chunk}: --windows-per-chunk is the former name of "
+                            f"--sequences-per-chunk, give one")
 
     def spec(self):
         return resolve_run(*(getattr(self, p) for p in SPEC_PARAMS))
@@ -157,8 +175,8 @@ class OutputTask(RunTask):
         raise NotImplementedError
 
     def begin(self) -> Path:
-        if self.windows_per_chunk < 1:
-            raise UserError(f"--windows-per-chunk must be >= 1, got {self.windows_per_chunk}")
+        if self.sequences_per_chunk < 1:
+            raise UserError(f"--sequences-per-chunk must be >= 1, got {self.sequences_per_chunk}")
         return outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
                                               "identity": self.identity()})
 
@@ -186,7 +204,7 @@ class OutputTask(RunTask):
 
         from ..store.chunk_writer import fill, resumable_array
 
-        out = resumable_array(path, shape, self.windows_per_chunk, dtype,
+        out = resumable_array(path, shape, self.sequences_per_chunk, dtype,
                               {"identity": self.identity(), "output": self.out_dir().name})
         label = f"{self.label()} {part}".strip()
         try:
@@ -196,7 +214,7 @@ class OutputTask(RunTask):
         except torch.OutOfMemoryError as e:
             cause = str(e).strip().splitlines()[0] if str(e).strip() else "out of memory"
             raise UserError(f"{label}: the device ran out of memory ({cause}); the chunks completed are kept: "
-                            f"rerun with a smaller --device-memory or --windows-per-chunk") from None
+                            f"rerun with a smaller --device-memory or --sequences-per-chunk") from None
 
     def require_finite(self, i: int, values: np.ndarray) -> None:
         """A NaN or inf is never a result: the pass stops, naming the task and the chunk."""

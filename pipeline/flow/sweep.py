@@ -23,8 +23,8 @@ from ..store import outputs
 # where its result goes
 KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer", "device", "device_memory",
         "compute_dtype", "boundary_dtype", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
-        "unscored_prefix", "bos", "kl_base", "windows_per_chunk", "hellaswag", "hellaswag_tasks", "winogrande",
-        "winogrande_tasks", "multiple_choice", "multiple_choice_tasks")
+        "unscored_prefix", "bos", "kl_base", "sequences_per_chunk", "windows_per_chunk", "hellaswag",
+        "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice", "multiple_choice_tasks")
 # paths relative to the repository root
 FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande", "multiple_choice")
 COLUMNS = ("model", "status", "file_gb", "bits_per_weight", "ctx", "method", "placement", "ppl", "ppl_stderr",

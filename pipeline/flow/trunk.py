@@ -31,7 +31,8 @@ class Tokenize(OutputTask):
     def identity(self):
         s = self.spec()
         return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
-                "windows_per_chunk": self.windows_per_chunk, **numerics_identity()}
+                # the option's former name, so that outputs computed before its rename stay valid
+                "windows_per_chunk": self.sequences_per_chunk, **numerics_identity()}
 
     def execute(self):
         from ..run.modes import mode_of
@@ -43,7 +44,7 @@ class Tokenize(OutputTask):
         tokens, plan = made.tokens, made.sequences
         attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
                  "method": s.method.as_dict(), **made.attrs}
-        save_plan(work / "tokens.zarr", tokens, plan, self.windows_per_chunk, attrs)
+        save_plan(work / "tokens.zarr", tokens, plan, self.sequences_per_chunk, attrs)
         log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_sequences} of {plan.available} sequences of "
                  f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
         # manifest keys as every Tokenize output so far has them
@@ -69,8 +70,8 @@ class PlacedTask(OutputTask):
     def shard_sequences(self, n_sequences: int) -> range:
         """The sequences of this task's shard: whole Zarr chunks, so that every batch, and
         so every number, is the one a single chain computes."""
-        n_chunks = -(-n_sequences // self.windows_per_chunk)
-        first, last = (n_chunks * k // self.shards * self.windows_per_chunk for k in (self.shard, self.shard + 1))
+        n_chunks = -(-n_sequences // self.sequences_per_chunk)
+        first, last = (n_chunks * k // self.shards * self.sequences_per_chunk for k in (self.shard, self.shard + 1))
         return range(first, min(last, n_sequences))
 
     def numerics_identity(self) -> dict:
@@ -165,7 +166,7 @@ class PlacedTask(OutputTask):
     def chunk_rows(self, i: int) -> slice:
         """The plan's sequences of chunk i of this task's shard."""
         plan, _ = self.plan()
-        mine, per = self.shard_sequences(plan.n_sequences), self.windows_per_chunk
+        mine, per = self.shard_sequences(plan.n_sequences), self.sequences_per_chunk
         return slice(mine.start + i * per, min(mine.start + (i + 1) * per, mine.stop))
 
     def live_length(self, i: int) -> int:

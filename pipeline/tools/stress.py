@@ -34,7 +34,7 @@ def load_settings(path: Path = CONFIGS / "stress.toml") -> dict:
 
 
 def pass_args(settings: dict) -> list[str]:
-    keys = ("model", "task", "corpus", "ctx", "chunks", "windows_per_chunk", "window_layers", "device")
+    keys = ("model", "task", "corpus", "ctx", "chunks", "sequences_per_chunk", "window_layers", "device")
     optional = ("compute_dtype", "device_memory")
     return [arg for k in keys + tuple(k for k in optional if k in settings)
             for arg in (f"--{k.replace('_', '-')}", str(settings[k]))]
