@@ -120,3 +120,20 @@ def test_a_run_adds_bos_as_llama_cpp_decides(pre, add_bos, bos_id, model_path, t
     spec = resolve_run(str(path), "python-docs", "", "", "", 128, 0, -1, 2, "auto")
     assert (spec.method.bos, spec.bos_id) == (add_bos, bos_id)
     assert (load_tokenizer(GGUFIndex(path)).encode("Hello")[0] == 1) == add_bos   # SmolLM2's BOS is 1
+
+
+@pytest.mark.parametrize("method, dropped", [("llama-cpp", True), ("stride", False)])
+def test_the_llama_cpp_method_reads_a_corpus_without_its_last_newline(method, dropped, model_path, tmp_path):
+    """llama-perplexity reads its -f file without the last newline, and here " \\n \\n" and " \\n "
+    end in other tokens: the llama-cpp method's tokens are its, the stride method's the file's."""
+    from pipeline.run.modes import mode_of
+    from pipeline.run.spec import resolve_run
+
+    text = HEAD40K.read_text(encoding="utf-8")[:3000] + " \n \n"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text, encoding="utf-8")
+    spec = resolve_run("smollm2-135m", "wikitext-2", str(corpus), "", method, 128, 0, -1, 0, "auto")
+    tok = load_tokenizer(GGUFIndex(model_path("smollm2-135m")))
+    read = text[:-1] if dropped else text
+    assert tok.encode(text[:-1], add_bos=True)[-1] != tok.encode(text, add_bos=True)[-1]
+    assert mode_of(spec.method.name).plan(spec).tokens.tolist() == tok.encode(read, add_bos=spec.method.bos)

@@ -27,6 +27,8 @@ class Perplexity(Mode):
                                 f"of {vocab}")
         else:
             text, _ = corpus_text(spec.eval_task, spec.corpus)
+            if spec.method.name == "llama-cpp":
+                text = text.removesuffix("\n")  # llama-perplexity reads its -f file without its last newline
             tokens = np.array(load_tokenizer(open_gguf(str(spec.model_path))).encode(text, add_bos=spec.method.bos),
                               dtype=np.int32)
         from ..logits_file import is_logits_file
