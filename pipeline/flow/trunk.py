@@ -31,8 +31,7 @@ class Tokenize(OutputTask):
     def identity(self):
         s = self.spec()
         return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
-                # the option's former name, so that outputs computed before its rename stay valid
-                "windows_per_chunk": self.sequences_per_chunk, **numerics_identity()}
+                "sequences_per_chunk": self.sequences_per_chunk, **numerics_identity()}
 
     def execute(self):
         from ..run.modes import mode_of
