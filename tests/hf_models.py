@@ -186,6 +186,48 @@ def llama_cpp_ties(model) -> None:
             indexer.forward = llama_selection()(indexer.forward)
 
 
+def sharper_head(model) -> None:
+    """An LM head three times the initial scale: the final mixer averages sigmoid-gated streams,
+    which leaves the logits of a random Qwen4-Exp too flat to show a broken layer."""
+    model.lm_head.weight.mul_(3)
+
+
+def llama_cpp_qsa(model) -> None:
+    """Qwen4-Exp's query-sparse selection as llama.cpp makes it: ggml's top-k of the keys, each
+    scored as its block, over budget + ratio - 1 slots, so that the slots the tail leaves take keys
+    of the next-best block (its heap selection picks which, heap_select.py); transformers keeps the
+    best whole blocks and the tail only. The blocks' scores are transformers' own."""
+    from pipeline.model.arch.heap_select import heap_select
+
+    def select(indexer, hidden_states, q, raw_keys, full_cos, full_sin, attention_mask, **kwargs):
+        B, T, _ = hidden_states.shape
+        r, width = indexer.compress_ratio, indexer.token_budget + indexer.compress_ratio - 1
+        selected = torch.zeros(B, 1, T, attention_mask.shape[-1], dtype=torch.bool)
+        for b in range(B):
+            for t in range(T):
+                if t < width:
+                    selected[b, 0, t, :t + 1] = True
+                    continue
+                n_blocks = (t + 1) // r
+                keys = raw_keys[b, :n_blocks * r].view(n_blocks, r, -1).float().mean(1)
+                starts = torch.arange(n_blocks) * r
+                keys = apply_rotary_pos_emb(indexer.k_layernorm(keys).unsqueeze(1), cos=full_cos[b, starts],
+                                            sin=full_sin[b, starts]).squeeze(1)
+                block = torch.relu(q[b, t].float() @ keys.float().T).sum(0) / indexer.index_head_dim ** 0.5
+                row = block.repeat_interleave(r).tolist() + [math.inf] * (t + 1 - n_blocks * r)
+                selected[b, 0, t, heap_select(row, width)] = True
+        return selected
+
+    import math
+    from types import MethodType
+
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import apply_rotary_pos_emb
+
+    for layer in model.model.layers:
+        if getattr(layer, "self_attn", None) is not None:
+            layer.self_attn.indexer._select_tokens = MethodType(select, layer.self_attn.indexer)
+
+
 def kimi_hub_layout(out: Path) -> None:
     """Kimi-Linear's dense MLP under `mlp`, as its published checkpoints (and so the converter)
     name it, where transformers 5 saves it under the experts' `block_sparse_moe`."""
@@ -253,6 +295,9 @@ GEMMA4_ROPE = {"sliding_attention": dict(rope_type="default", rope_theta=100.0),
                "full_attention": dict(rope_type="proportional", partial_rotary_factor=0.5, rope_theta=1000.0)}
 YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=128, rope_theta=10000.0)
 PHI3_TOKENS = ("</s>", "<unk>", "<s>")   # llama.cpp's vocabulary loader looks them up in a Phi-3 file
+# as Qwen4-Exp's checkpoints name them, and its converter reads them (transformers' config calls the
+# attention layers "indexed_attention", which the converter would take for dense ones)
+QWEN4EXP_LAYERS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 SPECS = {
     # transformers' DeepSeek-V3 always routes by sigmoid and leaves scoring_func out of
@@ -532,6 +577,23 @@ SPECS = {
         swiglu_limits_shared=[0.0, 0.0, 0.0, 1.2], rope_theta=[1000.0, 100.0, 100.0, 1000.0],
         partial_rotary_factors=[0.5, 1.0, 1.0, 0.5]),
         multimodal="Step3p7ForConditionalGeneration", vision=TINY_STEP_VISION, checkpoint=step35_hub_config),
+    # Qwen4-Exp (Qwen3.8-Flash-Next): four streams of hyper-connections (rank 8), Gated DeltaNet with a
+    # sigmoid output gate on layers 0 and 2, query-sparse attention on 1 and 3 (2 indexer heads, blocks
+    # of 4, a budget of 8: the tests score 150 positions), the n-gram hash embedding on layer 0 (bigrams
+    # and trigrams, 2 heads each, prime tables of about 100 rows), top-2 of 4 experts beside a gated
+    # shared expert
+    "qwen4exp": Spec("Qwen4ExpTextConfig", _qwen_linear(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+        hc_count=4, hc_lowrank=8, ple_layer_ids=[1], ngram_size=3, heads_per_ngram=2, ngram_vocab_size_base=100,
+        make_ngram_vocab_size_divisible_by=8, split_ngram_parts=2, ple_conv_kernel_size=3, indexer_n_heads=2,
+        indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+        output_gate_type="sigmoid", rope_parameters=dict(
+            rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1],
+            mrope_interleaved=True)) | dict(layer_types=QWEN4EXP_LAYERS), causal_lm="Qwen4ExpForCausalLM",
+        prepare=sharper_head, reference=llama_cpp_qsa,
+        # a model_type unknown to AutoConfig: the converter reads config.json as it is
+        raw_config={"architectures": ["Qwen4ExpForCausalLM"], "layer_types": QWEN4EXP_LAYERS,
+                    "model_type": "qwen4_exp_hub"}),
     # MiniMax-M3: a dense layer, then two of MiniMax Sparse Attention (blocks of 16, the top 3 for each
     # KV group's indexer head, the query's own block first: the tests score 150 positions) over
     # sigmoid top-2 of 4 experts beside a shared expert, gpt-oss's clamped SwiGLU everywhere

@@ -45,6 +45,7 @@ from pipeline.model.arch import (
     minimax_m3,
     modules,
     qwen2,
+    qwen4exp,
     smollm3,
 )
 
@@ -161,6 +162,11 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "minimax-m3 sparse attention": ("minimax-m3", {"minimax-m3.attention.indexer.top_k": 1024}, None),
     "minimax-m3 local block first": ("minimax-m3", {"minimax-m3.attention.indexer.local_blocks": 0}, None),
     "minimax-m3 block size": ("minimax-m3", {"minimax-m3.attention.indexer.block_size": 8}, None),
+    "qwen4exp sparse attention": ("qwen4exp", {"qwen4exp.attention.indexer.top_k": 1024}, None),
+    "qwen4exp block size": ("qwen4exp", {"qwen4exp.attention.compress_ratios": [0, 2, 0, 2]}, None),
+    "qwen4exp n-gram embedding": ("qwen4exp", None, zeroed("ple_value.weight")),
+    "qwen4exp hyper-connection write-back": ("qwen4exp", None, zeroed(("hc_attn_inject.weight",
+                                                                       "hc_ffn_inject.weight"))),
 }
 
 
@@ -174,6 +180,7 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
 
 
 KIMI_LAYER_SPEC = kimi_linear.KimiLinear.layer_spec
+SELECT_KEYS = qwen4exp.select_keys
 
 
 def rotated(spec, rope):
@@ -210,6 +217,12 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "kimi-linear latent attention without RoPE": ("kimi-linear", kimi_linear.KimiLinear, "layer_spec",
                                                   lambda self, i: rotated(KIMI_LAYER_SPEC(self, i), self.trunk_rope)),
     "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
+    "qwen4exp Gated DeltaNet's sigmoid output gate": ("qwen4exp", qwen4exp.Qwen4Exp, "delta_net_gate",
+                                                      staticmethod(F.silu)),
+    # whole blocks only, as transformers selects: the tail's spare slots left empty
+    "qwen4exp spare slots to the next-best block": ("qwen4exp", qwen4exp, "select_keys",
+                                                    lambda scores, ratio, width, selected: SELECT_KEYS(
+                                                        scores, ratio, width - ratio + 1, selected)),
 }
 
 
@@ -466,3 +479,20 @@ def test_kimi_linear_reads_a_fused_qkv_as_its_three_projections(tiny_model, tmp_
     assert "blk.0.attn_qkv.weight" in names and "blk.0.attn_q.weight" not in names and "blk.2.attn_q.weight" in names
     ids = random_ids()
     torch.testing.assert_close(forward(joined, ids), forward(path, ids), rtol=0, atol=1e-5)
+
+
+def test_qwen4exp_ngram_rows_are_transformers_at_every_eos_and_sequence_start(tiny_model):
+    """The n-gram hash embedding's rows of token ids with EOS (id 0) here and there, from the
+    GGUF's metadata and table, equal those transformers' embedding gathers (its own hash: int64
+    products, a segment reset at each EOS)."""
+    model, path = tiny_model("qwen4exp")
+    arch = load_architecture(GGUFIndex(path))
+    ids = random_ids(3, 40, seed=5)
+    ids[0, [0, 1, 7]] = 0
+    ids[1, [5, 6, 20, 39]] = 0
+    ids[2, 2] = 0
+    rows = qwen4exp.NGramRows(arch, "cpu", torch.float32)(ids)[arch.ple_layer]         # [B, T, heads x width]
+    with torch.inference_mode():
+        ref = model.model.layers[arch.ple_layer].ple.ple_embedding(ids, None)
+    assert rows.shape == ref.shape
+    assert torch.equal(rows, ref)

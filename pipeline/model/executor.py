@@ -38,12 +38,12 @@ class WindowExecutor:
         # state: recurrent state to start from and leave behind, per layer (None: zero per row);
         # ids: the token ids [B, T], for a family whose layers take inputs from them
         tables = self.tables(hidden.shape[1])
-        inputs = None if self.token_inputs is None else self.token_inputs(ids)   # [B, T, layers, width]
+        inputs = None if self.token_inputs is None else self.token_inputs(ids)   # {layer: [B, T, width]}
         x = hidden.to(self.device, self.dtype)
         for k, layer in enumerate(self.layers):
             i = self.first + k
             args = (x, tables, None if state is None else state.setdefault(i, {}))
-            x = layer(*args) if inputs is None else layer(*args, inputs[:, :, k])
+            x = layer(*args) if inputs is None else layer(*args, inputs.get(i))
         return x.to("cpu", torch.float32)
 
     def tables(self, T: int) -> Tables:

@@ -33,13 +33,14 @@ from .olmoe import Olmoe
 from .phi3 import Phi3
 from .qwen2 import Qwen2, Qwen2Moe, Qwen3VL
 from .qwen3next import Qwen3Next, Qwen35
+from .qwen4exp import Qwen4Exp
 from .seed_oss import SeedOss
 from .smollm3 import SmolLM3
 from .step35 import Step35
 
 ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "gemma4": Gemma4, "qwen3": Qwen2, "qwen3moe": Qwen2,
-    "qwen3next": Qwen3Next, "qwen35": Qwen35, "qwen35moe": Qwen35,
+    "qwen3next": Qwen3Next, "qwen35": Qwen35, "qwen35moe": Qwen35, "qwen4exp": Qwen4Exp,
     "nemotron_h": NemotronH, "nemotron_h_moe": NemotronH, "deepseek2": Deepseek2, "deepseek32": Deepseek32,
     "glm-dsa": GlmDsa,
     "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph

@@ -96,17 +96,19 @@ def delta_rule_blockwise(q, k, v, g, beta, state=None, block: int = SCAN_BLOCK):
 
 class GatedDeltaNet(Weights):
     """qkv and z projections; beta = sigmoid(b), g = softplus(a + dt_bias) * A; conv1d + SiLU on
-    qkv; L2-normalised q, k shared by groups of value heads; the delta rule; RMSNorm(o) * SiLU(z);
-    out projection. `tiled`: value head j reads key head j % n_k (Qwen3.5 files, whose converter
+    qkv; L2-normalised q, k shared by groups of value heads; the delta rule; RMSNorm(o) * gate(z) (SiLU,
+    or the family's); out projection. `tiled`: value head j reads key head j % n_k (Qwen3.5 files, whose converter
     reorders the value heads) instead of j // (n_v / n_k) (Qwen3-Next)."""
 
-    def __init__(self, w: dict[str, torch.Tensor | None], n_k: int, n_v: int, d_k: int, eps: float, tiled: bool):
+    def __init__(self, w: dict[str, torch.Tensor | None], n_k: int, n_v: int, d_k: int, eps: float, tiled: bool,
+                 gate_act=F.silu):
         super().__init__(w)
-        self.n_k, self.n_v, self.d_k, self.eps, self.tiled = n_k, n_v, d_k, eps, tiled
+        self.n_k, self.n_v, self.d_k, self.eps, self.tiled, self.gate_act = n_k, n_v, d_k, eps, tiled, gate_act
         self.d_v = w["norm"].shape[-1]
 
     def describe(self) -> str:
-        return f"key_heads={self.n_k}, value_heads={self.n_v}, d_k={self.d_k}, d_v={self.d_v}, tiled={self.tiled}"
+        return (f"key_heads={self.n_k}, value_heads={self.n_v}, d_k={self.d_k}, d_v={self.d_v}, tiled={self.tiled}, "
+                f"output gate={self.gate_act.__name__}")
 
     def project_beta_alpha(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, T, hidden] -> b, a of shape [B, T, n_v]."""
@@ -133,7 +135,7 @@ class GatedDeltaNet(Weights):
         g = F.softplus(wide(a) + wide(w["dt_bias"])) * wide(w["A"])     # [B, T, n_v], <= 0
         o, ssm_state = delta_rule_blockwise(q * dk ** -0.5, k, v.view(B, T, nv, dv), g, beta, (state or {}).get("ssm"))
         z = F.linear(x, w["gate"]).view(B, T, nv, dv)
-        o = rms_norm(o, wide(w["norm"]), self.eps) * F.silu(wide(z))
+        o = rms_norm(o, wide(w["norm"]), self.eps) * self.gate_act(wide(z))
         if state is not None:
             state["conv"], state["ssm"] = conv_state, ssm_state
         return F.linear(o.reshape(B, T, nv * dv).to(x.dtype), w["out"])

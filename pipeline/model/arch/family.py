@@ -272,7 +272,7 @@ class DecoderArch:
 
     def token_inputs(self, first: int, last: int, device, dtype) -> nn.Module | None:
         """What layers [first, last) take from the token ids besides the boundary: a module ids
-        [B, T] -> [B, T, last - first, width], one input per layer; None: nothing."""
+        [B, T] -> {layer: its input [B, T, width]}, for the layers that take one; None: nothing."""
         return None
 
     # -- layers ----------------------------------------------------------------------------
@@ -416,6 +416,10 @@ class DecoderArch:
         if self.embed_scale is not None:
             x = x * torch.tensor(self.embed_scale, dtype=dtype, device=device)
         return x
+
+    def output_norm_shape(self) -> tuple[str, tuple[int, ...], str]:
+        """The final norm's tensor, its shape, and why (shapes.check_shapes)."""
+        return TENSOR_NAMES[self.output_norm] + ".weight", (self.hp.hidden,), "embedding_length"
 
     def load_head(self, device, dtype) -> "Head":
         out = TENSOR_NAMES[MT.OUTPUT] + ".weight"

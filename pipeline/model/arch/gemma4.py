@@ -128,8 +128,8 @@ class Gemma4Layer(Layer):
 
 class PerLayerInputs(Weights):
     """Gemma 4's per-layer inputs of layers [first, last), from the token ids alone: ids [B, T] ->
-    [B, T, last - first, width], (norm(proj(embedding) / sqrt(hidden)) + rows of
-    per_layer_token_embd x sqrt(width)) / sqrt(2)."""
+    {layer: [B, T, width]}, (norm(proj(embedding) / sqrt(hidden)) + rows of per_layer_token_embd x
+    sqrt(width)) / sqrt(2)."""
 
     def __init__(self, arch: "Gemma4", first: int, last: int, device, dtype):
         P = arch.per_layer_width
@@ -139,18 +139,18 @@ class PerLayerInputs(Weights):
         super().__init__({"proj": proj, "norm": norm})
         self.arch, self.first, self.last, self.device, self.dtype = arch, first, last, device, dtype
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor) -> dict[int, torch.Tensor]:
         arch, P = self.arch, self.arch.per_layer_width
         e = arch.embed(ids, self.device, self.dtype)                                   # [B, T, hidden]
         unique, inverse = torch.unique(ids, return_inverse=True)
         rows = self.token_rows(unique.numpy())                                          # [U, layers, P]
         inverse = inverse.to(self.device)
-        inputs = []
+        inputs = {}
         for k in range(self.last - self.first):   # a layer at a time: the same numbers in any window
             proj = F.linear(e, self.proj[k * P:(k + 1) * P]) * (1.0 / math.sqrt(arch.hp.hidden))     # [B, T, P]
             tok = rows[:, k][inverse] * math.sqrt(P)                                                # [B, T, P]
-            inputs.append((rms_norm(proj, self.norm, arch.hp.eps) + tok) * (1.0 / math.sqrt(2.0)))
-        return torch.stack(inputs, dim=2)                                                # [B, T, layers, P]
+            inputs[self.first + k] = (rms_norm(proj, self.norm, arch.hp.eps) + tok) * (1.0 / math.sqrt(2.0))
+        return inputs
 
     def token_rows(self, tokens: np.ndarray) -> torch.Tensor:
         """per_layer_token_embd's rows of `tokens`, this window's layers only where they fill whole

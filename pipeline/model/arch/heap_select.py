@@ -3,24 +3,26 @@
 ggml_top_k on the CPU is libstdc++'s std::partial_sort over the indices, best first
 (ggml-cpu/ops.cpp, cmp_top_k: a before b when score a > score b). Which tied indices end up in
 the first k is whatever its heap selection leaves there: a heap of the first k, then each later
-index that beats the heap's worst replacing it. This replays that selection step by step; torch's
-topk keeps other ties. Only the set matters (the order is not used), and only where the k-th
-score is tied, which the caller finds first.
+index that beats the heap's worst replacing it. This replays that selection step by step (compiled
+by numba: a sparse attention replays it for every query of a long row); torch's topk keeps other
+ties. Only the set matters (the order is not used).
 """
+import numba
+import numpy as np
 
 
-def heap_select(scores: list[float], k: int) -> list[int]:
-    """The k indices std::partial_sort(idx, idx + k, idx + n, by descending score) leaves first."""
-    heap = list(range(k))
+@numba.njit(cache=True, nogil=True)
+def heap_select_into(scores: np.ndarray, k: int, heap: np.ndarray) -> None:
+    """The k indices std::partial_sort(idx, idx + k, idx + n, by descending score) leaves first,
+    written into heap[:k] (scores [n], n >= k)."""
+    for j in range(k):
+        heap[j] = j
 
-    def before(a: int, b: int) -> bool:        # cmp_top_k: a sorts before b
-        return scores[a] > scores[b]
-
-    def adjust(hole: int, value: int) -> None:  # std::__adjust_heap, then std::__push_heap
+    def adjust(hole, value):                    # std::__adjust_heap, then std::__push_heap
         top, child = hole, hole
         while child < (k - 1) // 2:
             child = 2 * (child + 1)
-            if before(heap[child], heap[child - 1]):
+            if scores[heap[child]] > scores[heap[child - 1]]:
                 child -= 1
             heap[hole] = heap[child]
             hole = child
@@ -29,7 +31,7 @@ def heap_select(scores: list[float], k: int) -> list[int]:
             heap[hole] = heap[child - 1]
             hole = child - 1
         parent = (hole - 1) // 2
-        while hole > top and before(heap[parent], value):
+        while hole > top and scores[heap[parent]] > scores[value]:
             heap[hole] = heap[parent]
             hole, parent = parent, (parent - 1) // 2
         heap[hole] = value
@@ -38,6 +40,12 @@ def heap_select(scores: list[float], k: int) -> list[int]:
         for parent in range((k - 2) // 2, -1, -1):
             adjust(parent, heap[parent])
     for i in range(k, len(scores)):             # std::__heap_select
-        if before(i, heap[0]):
+        if scores[i] > scores[heap[0]]:
             adjust(0, i)                        # std::__pop_heap: i's index in, the worst out
-    return heap
+
+
+def heap_select(scores, k: int) -> list[int]:
+    """The k indices of `scores` (a sequence of n >= k floats) that ggml's top-k keeps."""
+    heap = np.empty(k, dtype=np.int64)
+    heap_select_into(np.asarray(scores, dtype=np.float64), k, heap)
+    return heap.tolist()

@@ -10,6 +10,7 @@ RoPE sections: text positions reduce it to NeoX RoPE with the pairs of its fourt
 from dataclasses import replace
 
 import numpy as np
+import torch.nn.functional as F
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
@@ -29,6 +30,7 @@ class Qwen3Next(DecoderArch):
     fused_gate_up_experts = True
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)
     float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS   # the delta rule's A and dt bias as Mamba2's
+    delta_net_gate = staticmethod(F.silu)    # of the Gated DeltaNet's normed output
 
     def is_recurrent(self, i: int) -> bool:
         flags = self.gguf.arch_value(RECURRENT_LAYERS)
@@ -57,7 +59,8 @@ class Qwen3Next(DecoderArch):
         else:
             w["beta"], w["alpha"] = t(MT.SSM_BETA), t(MT.SSM_ALPHA)
         return GatedDeltaNet(w, n_k=int(self.key(Keys.SSM.GROUP_COUNT)), n_v=int(self.key(Keys.SSM.TIME_STEP_RANK)),
-                             d_k=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps, tiled=self.tiled_value_heads)
+                             d_k=int(self.key(Keys.SSM.STATE_SIZE)), eps=self.hp.eps, tiled=self.tiled_value_heads,
+                             gate_act=self.delta_net_gate)
 
 
 class Qwen35(Qwen3Next):

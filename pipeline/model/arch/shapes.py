@@ -30,7 +30,7 @@ def check_shapes(arch) -> None:
     expect(arch, TENSOR_NAMES[MT.TOKEN_EMBD] + ".weight", (vocab, hp.hidden), "tokens x embedding_length",
            required=True)
     expect(arch, TENSOR_NAMES[MT.OUTPUT] + ".weight", (vocab, hp.hidden), "tokens x embedding_length")
-    expect(arch, TENSOR_NAMES[arch.output_norm] + ".weight", (hp.hidden,), "embedding_length", required=True)
+    expect(arch, *arch.output_norm_shape(), required=True)
     blocks = {int(n.split(".")[1]) for n in t if n.startswith("blk.") and n.split(".")[1].isdigit()}
     total = int(arch.key(Keys.LLM.BLOCK_COUNT))
     if blocks - set(range(total)) or set(range(hp.n_layers)) - blocks:
