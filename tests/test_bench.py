@@ -66,6 +66,11 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
     "qwen3next": dict(family="qwen3next", layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, rope_dim=16,
                       quant="Q4_K", experts=8, experts_used=2, expert_ffn=128, shared_ffn=128, ssm_heads=4,
                       ssm_head_dim=32, ssm_state=32, ssm_groups=2),
+    # the final mixer averages gated streams, flatter than a norm: a sharper head
+    "qwen4exp": dict(family="qwen4exp", layers=4, hidden=256, heads=4, kv_heads=2, head_dim=64, rope_dim=16,
+                     quant="Q4_K", experts=8, experts_used=2, expert_ffn=128, shared_ffn=128, ssm_heads=4,
+                     ssm_head_dim=32, ssm_state=32, ssm_groups=2, streams=4, streams_rank=32, ngram=3,
+                     ngram_heads=2, index_heads=2, index_dim=64, index_top_k=16, index_block=8, head_gain=5.0),
 }
 
 
@@ -254,13 +259,14 @@ def test_quantizations_of_a_bfloat16_synthetic_base_diverge_as_the_bits_fall(tmp
 
 @pytest.mark.parametrize("family, ctx", [("gpt-oss", 128), ("llama4", 9216), ("qwen3next", 128),
                                          ("deepseek32", 128), ("kimi-linear", 128), ("gemma4", 128),
-                                         ("minimax-m3", 128)])
+                                         ("minimax-m3", 128), ("qwen4exp", 128)])
 def test_gpu_check_forms_on_the_cpu(capsys, model_path, tmp_path, monkeypatch, family, ctx):
     """The GPU check's attention and FFN forms (sinks on a sliding window, chunked attention past
     8192 tokens with NoPE layers under the temperature, Gated DeltaNet, DeepSeek Sparse Attention
     past its top-k, Kimi Delta Attention beside latent attention without RoPE, Gemma 4's K/V carried
-    across windows and per-layer inputs from the token ids, MiniMax Sparse Attention's blocks), with
-    the CPU standing in for the GPU:
+    across windows and per-layer inputs from the token ids, MiniMax Sparse Attention's blocks,
+    Qwen4-Exp's hyper-connections, query-sparse attention and n-gram embedding), with the CPU
+    standing in for the GPU:
     cycled == whole bit for bit, bfloat16 and the split pass near float32."""
     from pipeline.tools import gpu_check
 

@@ -20,8 +20,11 @@ leading dense layers: an indexer head per KV group picks each query's `index_top
 every other layer, biases on attention, router and experts, clamped SwiGLU experts), `llama4`
 (no RoPE and the attention temperature every fourth layer, chunked attention on the others,
 weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_every`-th layer)
-and `qwen3next` (Gated DeltaNet layers, gated full attention every `attention_every`-th layer with
-partial RoPE, softmax-routed experts beside a sigmoid-gated shared expert).
+`qwen3next` (Gated DeltaNet layers, gated full attention every `attention_every`-th layer with
+partial RoPE, softmax-routed experts beside a sigmoid-gated shared expert) and `qwen4exp` (qwen3next's
+layers under `streams` hyper-connections of rank `streams_rank`, the attention query-sparse: an
+indexer of `index_heads` heads keeps `index_top_k` keys in blocks of `index_block`; the n-gram hash
+embedding of n-grams up to `ngram`, `ngram_heads` heads each, on layer 0).
 The tokenizer is copied from a real GGUF so a pass reads ordinary text. Quantized weights are
 random blocks made from random bytes and fixed scales (nothing is quantized from float data,
 so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, ExpertGatingFuncType, GGUFWriter, Keys, RopeScalingType
+from gguf import GGML_QUANT_SIZES, ExpertGatingFuncType, GGUFValueType, GGUFWriter, Keys, RopeScalingType
 from gguf import GGMLQuantizationType as Q
 
 from ..errors import UserError
@@ -77,6 +80,10 @@ class Shape:
     global_head_dim: int = 0   # gemma4: the global layers' head size,
     shared_kv_layers: int = 0  # the last layers that attend over earlier layers' K/V,
     per_layer_dim: int = 0     # and the per-layer embeddings' width
+    streams: int = 0           # qwen4exp: hyper-connections' residual streams and their mixers' rank,
+    streams_rank: int = 0
+    ngram: int = 0             # and its n-gram hash embedding: n-grams up to this size, heads of each
+    ngram_heads: int = 0
     head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
 
     @property
@@ -88,7 +95,7 @@ class Shape:
         (kimi-linear) layer and a feed-forward block; elsewhere attention and a feed-forward block (`A`)."""
         if self.family == "nemotron_h_moe":
             return self.pattern[i]
-        if self.family in ("qwen3next", "kimi-linear") and (i + 1) % self.attention_every:
+        if self.family in ("qwen3next", "qwen4exp", "kimi-linear") and (i + 1) % self.attention_every:
             return "D"
         return "A"
 
@@ -104,11 +111,12 @@ class Shape:
 
 
 FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gemma4", "minimax-m3",
-            "gpt-oss", "llama4", "qwen3next")
+            "gpt-oss", "llama4", "qwen3next", "qwen4exp")
 LATENT = ("deepseek2", "deepseek32", "kimi-linear")    # multi-head latent attention
+QWEN_HYBRID = ("qwen3next", "qwen4exp")                # Gated DeltaNet and gated attention
 # SwiGLU experts (nemotron_h_moe's have no gate), the families with a shared expert, with a selection bias
-GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "qwen3next", "minimax-m3", *LATENT)
-SHARED_EXPERT = ("nemotron_h_moe", "llama4", "qwen3next", "minimax-m3", *LATENT)
+GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "minimax-m3", *QWEN_HYBRID, *LATENT)
+SHARED_EXPERT = ("nemotron_h_moe", "llama4", "minimax-m3", *QWEN_HYBRID, *LATENT)
 SELECTION_BIAS = ("nemotron_h_moe", "minimax-m3", *LATENT)
 SIGMOID_ROUTED = ("minimax-m3", *LATENT)   # past leading dense layers, with a shared expert
 
@@ -163,23 +171,35 @@ class _Tensors:
     def build(self) -> list:
         s, h = self.s, self.s.hidden
         self.matrix("token_embd.weight", self.vocab, h, gain=np.sqrt(h))   # embeddings of std 1
-        self.vector("output_norm.weight", h)
+        if s.family == "qwen4exp":   # the final mixer in place of the output norm
+            self.hyper_mixer("output_hc", inject=False)
+        else:
+            self.vector("output_norm.weight", h)
         self.matrix("output.weight", self.vocab, h, gain=s.head_gain)
         if s.family == "gemma4":
             return self.gemma4()
+        if s.family == "qwen4exp" and s.ngram:
+            self.ngram_table()
         for i in range(s.layers):
             p, kind = f"blk.{i}.", s.kind(i)
-            self.vector(p + "attn_norm.weight", h)
+            if s.family == "qwen4exp":
+                self.hyper_mixer(p + "hc_attn")
+                self.hyper_mixer(p + "hc_ffn")
+                if i == 0 and s.ngram:
+                    self.ngram_injection(p)
+            else:
+                self.vector(p + "attn_norm.weight", h)
             if kind in "A*":
                 self.latent_attention(p) if s.family in LATENT else self.attention(p)
-                if s.family == "minimax-m3" and i >= s.dense_layers:
+                if s.family in ("minimax-m3", "qwen4exp") and i >= s.dense_layers:
                     self.msa_indexer(p)
             if kind == "D":
                 self.kda(p) if s.family == "kimi-linear" else self.delta_net(p)
             if kind in "AD":
                 # gpt-oss and qwen3next store the FFN's pre-norm as the post-attention norm
-                post = s.family in ("gpt-oss", "qwen3next")
-                self.vector(p + ("post_attention_norm.weight" if post else "ffn_norm.weight"), h)
+                if s.family != "qwen4exp":
+                    post = s.family in ("gpt-oss", "qwen3next")
+                    self.vector(p + ("post_attention_norm.weight" if post else "ffn_norm.weight"), h)
                 self.experts(p) if s.has_experts(i) else self.mlp(p)
             elif kind == "E":
                 self.experts(p)
@@ -189,12 +209,12 @@ class _Tensors:
 
     def attention(self, p: str) -> None:
         s, h = self.s, self.s.hidden
-        gated = 2 if s.family == "qwen3next" else 1            # Q's rows carry the output gate
+        gated = 2 if s.family in QWEN_HYBRID else 1            # Q's rows carry the output gate
         self.matrix(p + "attn_q.weight", gated * s.heads * s.key_dim, h)
         self.matrix(p + "attn_k.weight", s.kv_heads * s.key_dim, h)
         self.matrix(p + "attn_v.weight", s.kv_heads * s.key_dim, h)
         self.matrix(p + "attn_output.weight", h, s.heads * s.key_dim)
-        if s.family in ("qwen3moe", "qwen3next", "minimax-m3"):
+        if s.family in ("qwen3moe", "minimax-m3", *QWEN_HYBRID):
             self.vector(p + "attn_q_norm.weight", s.key_dim)
             self.vector(p + "attn_k_norm.weight", s.key_dim)
         if s.family == "gpt-oss":
@@ -209,7 +229,11 @@ class _Tensors:
         keys, values = s.ssm_groups * s.ssm_state, s.ssm_heads * s.ssm_head_dim
         self.matrix(p + "attn_qkv.weight", 2 * keys + values, h)
         self.matrix(p + "attn_gate.weight", values, h)
-        self.vector(p + "ssm_ba.weight", 2 * s.ssm_heads, h, fill=("normal", 1 / np.sqrt(h)))
+        if s.family == "qwen4exp":   # beta's and alpha's projections apart, as its converter writes them
+            self.vector(p + "ssm_beta.weight", s.ssm_heads, h, fill=("normal", 1 / np.sqrt(h)))
+            self.vector(p + "ssm_alpha.weight", s.ssm_heads, h, fill=("normal", 1 / np.sqrt(h)))
+        else:
+            self.vector(p + "ssm_ba.weight", 2 * s.ssm_heads, h, fill=("normal", 1 / np.sqrt(h)))
         self.vector(p + "ssm_conv1d.weight", 2 * keys + values, s.conv_kernel,
                     fill=("normal", 1 / np.sqrt(s.conv_kernel)))
         self.vector(p + "ssm_dt.bias", s.ssm_heads, fill=("dt_bias",))
@@ -243,10 +267,41 @@ class _Tensors:
             self.vector(p + "layer_output_scale.weight", 1)
         return self.list
 
-    def msa_indexer(self, p: str) -> None:
-        """MiniMax Sparse Attention's indexer: a head of index_dim per KV head, one key."""
+    def hyper_mixer(self, p: str, inject: bool = True) -> None:
+        """A hyper-connection mixer over `streams` streams: the streams' norms, the gate's low-rank
+        projections and each stream's write-back weight."""
+        s, wide = self.s, self.s.streams * self.s.hidden
+        self.vector(p + "_norm.weight", wide)
+        self.vector(p + "_down.weight", s.streams_rank, wide, fill=("normal", 1 / np.sqrt(wide)))
+        self.vector(p + "_up.weight", wide, s.streams_rank, fill=("normal", 1 / np.sqrt(s.streams_rank)))
+        if inject:
+            self.vector(p + "_inject.weight", s.streams, wide, fill=("normal", 1 / np.sqrt(wide)))
+
+    def ngram_heads(self) -> list[int]:
+        """The prime table size of each n-gram head (about 1000 rows each)."""
+        primes = [n for n in range(1009, 2000) if all(n % d for d in range(2, int(n ** 0.5) + 1))]
+        return primes[:(self.s.ngram - 1) * self.s.ngram_heads]
+
+    def ngram_table(self) -> None:
+        s = self.s
+        width = s.hidden // ((s.ngram - 1) * s.ngram_heads)
+        self.vector("per_layer_token_embd.weight", sum(self.ngram_heads()), width, fill=("normal", 1.0))
+
+    def ngram_injection(self, p: str) -> None:
         s, h = self.s, self.s.hidden
-        self.matrix(p + "indexer.q_proj.weight", s.kv_heads * s.index_dim, h)
+        wide = s.streams * h
+        self.matrix(p + "ple_key.weight", wide, h)
+        self.matrix(p + "ple_value.weight", h, h)
+        for name in ("key", "query", "conv"):
+            self.vector(p + f"ple_norm_{name}.weight", wide)
+        self.vector(p + "ple_conv1d.weight", wide, s.conv_kernel, fill=("normal", 1 / np.sqrt(s.conv_kernel)))
+
+    def msa_indexer(self, p: str) -> None:
+        """MiniMax Sparse Attention's indexer (a head of index_dim per KV head, one key), or
+        Qwen4-Exp's (index_heads heads of index_dim)."""
+        s, h = self.s, self.s.hidden
+        heads = s.index_heads if s.family == "qwen4exp" else s.kv_heads
+        self.matrix(p + "indexer.q_proj.weight", heads * s.index_dim, h)
         self.matrix(p + "indexer.k_proj.weight", s.index_dim, h)
         self.vector(p + "indexer.q_norm.weight", s.index_dim)
         self.vector(p + "indexer.k_norm.weight", s.index_dim)
@@ -313,7 +368,7 @@ class _Tensors:
                 self.matrix(p + "ffn_gate_shexp.weight", s.shared_ffn, h)
             self.matrix(p + "ffn_up_shexp.weight", s.shared_ffn, h)
             self.matrix(p + "ffn_down_shexp.weight", h, s.shared_ffn)
-        if s.family == "qwen3next":
+        if s.family in QWEN_HYBRID:
             self.vector(p + "ffn_gate_inp_shexp.weight", h, fill=("normal", 1 / np.sqrt(h)))
 
     def mamba2(self, p: str) -> None:
@@ -439,19 +494,50 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_expert_count(s.experts)
         w.add_expert_used_count(s.experts_used)
         w.add_expert_feed_forward_length(s.expert_ffn)
-    if s.family in ("llama4", "qwen3next"):
+    if s.family in ("llama4", *QWEN_HYBRID):
         w.add_expert_shared_feed_forward_length(s.shared_ffn)
     if s.family in ("gpt-oss", "llama4"):    # gpt-oss: its sliding layers' span; llama4: chunks on
         w.add_sliding_window(s.sliding_window)
     if s.family == "llama4":
         w.add_interleave_moe_layer_step(s.moe_every)
-    if s.family == "qwen3next":              # DeltaNet: key heads of ssm_state, value heads of ssm_head_dim
+    if s.family == "qwen4exp":
+        _add_qwen4exp(w, s)
+    if s.family in QWEN_HYBRID:              # DeltaNet: key heads of ssm_state, value heads of ssm_head_dim
         w.add_full_attention_interval(s.attention_every)
         w.add_ssm_conv_kernel(s.conv_kernel)
         w.add_ssm_state_size(s.ssm_state)
         w.add_ssm_group_count(s.ssm_groups)
         w.add_ssm_inner_size(s.ssm_heads * s.ssm_head_dim)
         w.add_ssm_time_step_rank(s.ssm_heads)
+
+
+def _add_qwen4exp(w: GGUFWriter, s: Shape) -> None:
+    """The hyper-connections, the query-sparse indexer on the attention layers, the n-gram hash."""
+    arch = s.family
+    w.add_uint32(f"{arch}.hyper_connection.count", s.streams)
+    w.add_uint32(f"{arch}.hyper_connection.low_rank", s.streams_rank)
+    w.add_indexer_head_count(s.index_heads)
+    w.add_indexer_key_length(s.index_dim)
+    w.add_indexer_top_k(s.index_top_k)
+    w.add_array(f"{arch}.attention.compress_ratios",
+                [s.index_block if s.kind(i) == "A" else 0 for i in range(s.layers)])
+    pairs = (s.rope_dim or s.key_dim) // 2
+    w.add_rope_dimension_sections([pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
+    if not s.ngram:
+        return
+    sizes = _Tensors(s, 0).ngram_heads()
+    w.add_array(f"{arch}.ple.layers", [0])
+    w.add_uint32(f"{arch}.ple.ngram_size", s.ngram)
+    w.add_uint32(f"{arch}.ple.heads_per_ngram", s.ngram_heads)
+    w.add_uint32(f"{arch}.ple.conv_kernel", s.conv_kernel)
+    w.add_uint32(f"{arch}.ple.eos_token_id", 0)
+    w.add_embedding_length_per_layer_input(s.hidden // len(sizes))
+    u64 = GGUFValueType.UINT64
+    multipliers = [int(m) for m in np.random.default_rng(1).integers(1, 2 ** 45, s.ngram) * 2 + 1]
+    w.add_key_value(f"{arch}.ple.layer_multipliers", multipliers, GGUFValueType.ARRAY, sub_type=u64)
+    w.add_key_value(f"{arch}.ple.head_offsets", [int(o) for o in np.cumsum([0, *sizes[:-1]])], GGUFValueType.ARRAY,
+                    sub_type=u64)
+    w.add_key_value(f"{arch}.ple.head_vocab_sizes", sizes, GGUFValueType.ARRAY, sub_type=u64)
 
 
 def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: int = 0) -> Path:
