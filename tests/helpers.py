@@ -86,6 +86,6 @@ def hidden_after(path, slices: int, dtype=torch.float32) -> torch.Tensor:
     ids = random_ids(n_rows=2, n_tokens=40, seed=3) % arch.hp.vocab
     window = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype, expert_slices=slices)
     try:
-        return window(arch.embed(ids, "cpu", torch.float32))
+        return window(arch.embed(ids, "cpu", torch.float32), ids=ids)
     finally:
         window.release()

@@ -71,6 +71,10 @@ SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/syntheti
                      quant="Q4_K", experts=8, experts_used=2, expert_ffn=128, shared_ffn=128, ssm_heads=4,
                      ssm_head_dim=32, ssm_state=32, ssm_groups=2, streams=4, streams_rank=32, ngram=3,
                      ngram_heads=2, index_heads=2, index_dim=64, index_top_k=16, index_block=8, head_gain=5.0),
+    "deepseek4": dict(family="deepseek4", layers=4, hidden=256, heads=4, kv_heads=1, head_dim=64, rope_dim=16,
+                      quant="Q4_K", experts=8, experts_used=2, expert_ffn=128, shared_ffn=128, streams=4,
+                      sliding_window=16, pattern="CHSC", q_lora_rank=64, index_heads=2, index_dim=64, index_top_k=8,
+                      out_groups=2, out_rank=32, hash_layers=1, swiglu_limit=7.0),
 }
 
 
@@ -259,14 +263,14 @@ def test_quantizations_of_a_bfloat16_synthetic_base_diverge_as_the_bits_fall(tmp
 
 @pytest.mark.parametrize("family, ctx", [("gpt-oss", 128), ("llama4", 9216), ("qwen3next", 128),
                                          ("deepseek32", 128), ("kimi-linear", 128), ("gemma4", 128),
-                                         ("minimax-m3", 128), ("qwen4exp", 128)])
+                                         ("minimax-m3", 128), ("qwen4exp", 128), ("deepseek4", 256)])
 def test_gpu_check_forms_on_the_cpu(capsys, model_path, tmp_path, monkeypatch, family, ctx):
     """The GPU check's attention and FFN forms (sinks on a sliding window, chunked attention past
     8192 tokens with NoPE layers under the temperature, Gated DeltaNet, DeepSeek Sparse Attention
     past its top-k, Kimi Delta Attention beside latent attention without RoPE, Gemma 4's K/V carried
     across windows and per-layer inputs from the token ids, MiniMax Sparse Attention's blocks,
-    Qwen4-Exp's hyper-connections, query-sparse attention and n-gram embedding), with the CPU
-    standing in for the GPU:
+    Qwen4-Exp's hyper-connections, query-sparse attention and n-gram embedding, DeepSeek-V4's
+    compressed entries past 128 keys and hash-routed layer), with the CPU standing in for the GPU:
     cycled == whole bit for bit, bfloat16 and the split pass near float32."""
     from pipeline.tools import gpu_check
 

@@ -364,7 +364,7 @@ def bf16(b):
 
 
 # float types whose bytes are the values a computation in that dtype takes: copied as they are
-STORED_AS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16}
+STORED_AS = {Q.F32: torch.float32, Q.F16: torch.float16, Q.BF16: torch.bfloat16, Q.I32: torch.int32}
 
 BLOCK_DEQUANTIZERS = {
     Q.F32: f32, Q.F16: f16, Q.BF16: bf16,

@@ -24,7 +24,14 @@ weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_e
 partial RoPE, softmax-routed experts beside a sigmoid-gated shared expert) and `qwen4exp` (qwen3next's
 layers under `streams` hyper-connections of rank `streams_rank`, the attention query-sparse: an
 indexer of `index_heads` heads keeps `index_top_k` keys in blocks of `index_block`; the n-gram hash
-embedding of n-grams up to `ngram`, `ngram_heads` heads each, on layer 0).
+embedding of n-grams up to `ngram`, `ngram_heads` heads each, on layer 0) and `deepseek4` (DeepSeek-V4:
+`streams` hyper-connections mixed by Sinkhorn, one shared key/value head of `head_dim` with its last
+`rope_dim` values rotated, attention sinks over a `sliding_window`, per layer (`pattern`) nothing
+more (`S`), compressed entries of 4 keys picked by an indexer (`C`: `index_heads` of `index_dim`,
+`index_top_k` kept) or all compressed entries of 128 keys (`H`), a grouped low-rank output
+(`out_groups` of rank `out_rank`), experts routed by sqrt-softplus, the first `hash_layers` by the
+token's id, SwiGLU clamped at `swiglu_limit`). `F32` matrices give files that llama-perplexity
+computes without rounding.
 The tokenizer is copied from a real GGUF so a pass reads ordinary text. Quantized weights are
 random blocks made from random bytes and fixed scales (nothing is quantized from float data,
 so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
@@ -84,6 +91,10 @@ class Shape:
     streams_rank: int = 0
     ngram: int = 0             # and its n-gram hash embedding: n-grams up to this size, heads of each
     ngram_heads: int = 0
+    out_groups: int = 0        # deepseek4: the output projection's groups and their rank,
+    out_rank: int = 0
+    hash_layers: int = 0       # the leading layers routed by the token's id,
+    swiglu_limit: float = 0.0  # and the SwiGLU clamp of every feed-forward block
     head_gain: float = 2.5     # LM-head weights' scale over 1/sqrt(hidden)
 
     @property
@@ -93,7 +104,7 @@ class Shape:
     def kind(self, i: int) -> str:
         """Layer i's op: `M`, `E` or `*` (nemotron_h_moe); `D`, a DeltaNet (qwen3next) or KDA
         (kimi-linear) layer and a feed-forward block; elsewhere attention and a feed-forward block (`A`)."""
-        if self.family == "nemotron_h_moe":
+        if self.family in ("nemotron_h_moe", "deepseek4"):
             return self.pattern[i]
         if self.family in ("qwen3next", "qwen4exp", "kimi-linear") and (i + 1) % self.attention_every:
             return "D"
@@ -111,26 +122,29 @@ class Shape:
 
 
 FAMILIES = ("llama", "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gemma4", "minimax-m3",
-            "gpt-oss", "llama4", "qwen3next", "qwen4exp")
+            "gpt-oss", "llama4", "qwen3next", "qwen4exp", "deepseek4")
 LATENT = ("deepseek2", "deepseek32", "kimi-linear")    # multi-head latent attention
 QWEN_HYBRID = ("qwen3next", "qwen4exp")                # Gated DeltaNet and gated attention
 # SwiGLU experts (nemotron_h_moe's have no gate), the families with a shared expert, with a selection bias
-GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "minimax-m3", *QWEN_HYBRID, *LATENT)
-SHARED_EXPERT = ("nemotron_h_moe", "llama4", "minimax-m3", *QWEN_HYBRID, *LATENT)
+GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "minimax-m3", "deepseek4", *QWEN_HYBRID, *LATENT)
+SHARED_EXPERT = ("nemotron_h_moe", "llama4", "minimax-m3", "deepseek4", *QWEN_HYBRID, *LATENT)
 SELECTION_BIAS = ("nemotron_h_moe", "minimax-m3", *LATENT)
 SIGMOID_ROUTED = ("minimax-m3", *LATENT)   # past leading dense layers, with a shared expert
+SQRT_SOFTPLUS = 4   # llama.cpp's expert_gating_func code of DeepSeek-V4's routing (gguf-py 0.19 has no name for it)
 
 
 def check_shape(shape: Shape) -> None:
     if shape.family not in FAMILIES:
         raise UserError(f"synthetic family {shape.family!r} is not one of {', '.join(FAMILIES)}")
-    if shape.quant not in ("Q4_0", "Q4_K", "BF16"):
-        raise UserError(f"synthetic quant {shape.quant!r}: Q4_0, Q4_K or BF16")
-    if shape.family == "nemotron_h_moe" and (len(shape.pattern) != shape.layers or set(shape.pattern) - set("ME*")):
-        raise UserError(f"synthetic nemotron_h_moe: pattern {shape.pattern!r} needs one of M, E, * per layer")
+    if shape.quant not in ("Q4_0", "Q4_K", "BF16", "F32"):
+        raise UserError(f"synthetic quant {shape.quant!r}: Q4_0, Q4_K, BF16 or F32")
+    kinds = {"nemotron_h_moe": "ME*", "deepseek4": "SCH"}.get(shape.family)
+    if kinds and (len(shape.pattern) != shape.layers or set(shape.pattern) - set(kinds)):
+        raise UserError(f"synthetic {shape.family}: pattern {shape.pattern!r} needs one of {', '.join(kinds)} "
+                        f"per layer")
     block = GGML_QUANT_SIZES[Q.Q4_0][0]
     for name, dims, qtype, _ in _Tensors(shape, vocab=block).build():
-        if qtype != Q.F32 and dims[-1] % block:
+        if qtype not in (Q.F32, Q.I32) and dims[-1] % block:
             raise UserError(f"synthetic model: {name} has rows of {dims[-1]} values, no multiple of {block}")
 
 
@@ -161,6 +175,8 @@ class _Tensors:
         self.s, self.vocab, self.list = shape, vocab, []
 
     def matrix(self, name: str, *dims: int, gain: float = 1.0) -> None:
+        if self.s.quant == "F32":
+            return self.vector(name, *dims, fill=("normal", gain / np.sqrt(dims[-1])))
         # rows that are no multiple of a K-quant's 256 values fall back on Q4_0, as llama.cpp's quantizer does
         qtype = Q[self.s.quant] if dims[-1] % GGML_QUANT_SIZES[Q[self.s.quant]][0] == 0 else Q.Q4_0
         self.list.append((name, dims, qtype, ("random", dims[-1], gain)))
@@ -173,11 +189,16 @@ class _Tensors:
         self.matrix("token_embd.weight", self.vocab, h, gain=np.sqrt(h))   # embeddings of std 1
         if s.family == "qwen4exp":   # the final mixer in place of the output norm
             self.hyper_mixer("output_hc", inject=False)
+        elif s.family == "deepseek4":
+            self.sinkhorn_mixer("output_hc", s.streams)
+            self.vector("output_norm.weight", h)
         else:
             self.vector("output_norm.weight", h)
         self.matrix("output.weight", self.vocab, h, gain=s.head_gain)
         if s.family == "gemma4":
             return self.gemma4()
+        if s.family == "deepseek4":
+            return self.deepseek4()
         if s.family == "qwen4exp" and s.ngram:
             self.ngram_table()
         for i in range(s.layers):
@@ -266,6 +287,56 @@ class _Tensors:
             self.matrix(p + "proj.weight", h, ple)
             self.vector(p + "layer_output_scale.weight", 1)
         return self.list
+
+    def deepseek4(self) -> list:
+        """DeepSeek-V4's layers: each block behind a Sinkhorn mixer of the streams and a norm; the
+        attention's query latent, one key/value head, sinks, the compressors and the indexer of
+        its kind, the grouped output; experts (a token-id table on the hash layers, else a
+        selection bias) beside a shared expert."""
+        s, h, d = self.s, self.s.hidden, self.s.key_dim
+        for i in range(s.layers):
+            p, kind = f"blk.{i}.", s.kind(i)
+            for block in ("attn", "ffn"):
+                self.sinkhorn_mixer(p + f"hc_{block}", (2 + s.streams) * s.streams)
+            self.vector(p + "attn_norm.weight", h)
+            self.vector(p + "attn_sinks.weight", s.heads, fill=("normal", 1.0))
+            self.matrix(p + "attn_q_a.weight", s.q_lora_rank, h)
+            self.vector(p + "attn_q_a_norm.weight", s.q_lora_rank)
+            self.matrix(p + "attn_q_b.weight", s.heads * d, s.q_lora_rank)
+            self.matrix(p + "attn_kv.weight", d, h)
+            self.vector(p + "attn_kv_a_norm.weight", d)
+            if kind in "CH":
+                self.compressor(p + "attn_compressor", d, 4 if kind == "C" else 128)
+            if kind == "C":
+                self.compressor(p + "indexer_compressor", s.index_dim, 4)
+                self.matrix(p + "indexer.attn_q_b.weight", s.index_heads * s.index_dim, s.q_lora_rank)
+                self.vector(p + "indexer.proj.weight", s.index_heads, h, fill=("normal", 1 / np.sqrt(h)))
+            self.matrix(p + "attn_output_a.weight", s.out_groups * s.out_rank, s.heads * d // s.out_groups)
+            self.matrix(p + "attn_output_b.weight", h, s.out_groups * s.out_rank)
+            self.vector(p + "ffn_norm.weight", h)
+            self.experts(p)
+            if i < s.hash_layers:
+                self.list.append((p + "ffn_gate_tid2eid.weight", (self.vocab, s.experts_used), Q.I32,
+                                  ("experts", s.experts)))
+            else:
+                self.vector(p + "exp_probs_b.bias", s.experts, fill=("normal", 0.01))
+        return self.list
+
+    def sinkhorn_mixer(self, p: str, mixes: int) -> None:
+        """A DeepSeek-V4 mixer: the mixes' projection of the normed streams, their base and scales."""
+        wide = self.s.streams * self.s.hidden
+        self.vector(p + "_fn.weight", mixes, wide, fill=("normal", 1 / np.sqrt(wide)))
+        self.vector(p + "_base.weight", mixes, fill=("normal", 0.5))
+        self.vector(p + "_scale.weight", 3 if mixes > self.s.streams else 1, fill=("normal", 1.0))
+
+    def compressor(self, p: str, width: int, ratio: int) -> None:
+        """A compressor of `ratio` keys (two overlapping halves at ratio 4): values, their gates,
+        the gates' position bias and the compressed entry's norm."""
+        h, wide = self.s.hidden, width * (2 if ratio == 4 else 1)
+        self.matrix(p + "_kv.weight", wide, h)
+        self.matrix(p + "_gate.weight", wide, h)
+        self.vector(p + "_ape.weight", ratio, wide, fill=("normal", 1.0))
+        self.vector(p + "_norm.weight", width)
 
     def hyper_mixer(self, p: str, inject: bool = True) -> None:
         """A hyper-connection mixer over `streams` streams: the streams' norms, the gate's low-rank
@@ -394,6 +465,8 @@ def _float_data(rng: np.random.Generator, dims: tuple[int, ...], fill: tuple) ->
         return (rng.standard_normal(dims) * fill[1]).astype(np.float32)
     if kind == "proportional":   # rope_freqs: the first pairs rotated, the others not (a huge divisor)
         return np.where(np.arange(dims[0]) < fill[1], 1.0, 1e30).astype(np.float32)
+    if kind == "experts":     # a token-id table: distinct experts of fill[1] for each token
+        return np.argsort(rng.random((dims[0], fill[1])), axis=1)[:, :dims[1]].astype(np.int32)
     if kind == "dt_bias":     # softplus^-1 of time steps log-uniform in [0.001, 0.1], as Mamba2 initialises them
         dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), dims))
         return np.log(np.expm1(dt)).astype(np.float32)
@@ -502,6 +575,8 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_interleave_moe_layer_step(s.moe_every)
     if s.family == "qwen4exp":
         _add_qwen4exp(w, s)
+    if s.family == "deepseek4":
+        _add_deepseek4(w, s)
     if s.family in QWEN_HYBRID:              # DeltaNet: key heads of ssm_state, value heads of ssm_head_dim
         w.add_full_attention_interval(s.attention_every)
         w.add_ssm_conv_kernel(s.conv_kernel)
@@ -509,6 +584,34 @@ def _add_hparams(w: GGUFWriter, s: Shape, vocab: int) -> None:
         w.add_ssm_group_count(s.ssm_groups)
         w.add_ssm_inner_size(s.ssm_heads * s.ssm_head_dim)
         w.add_ssm_time_step_rank(s.ssm_heads)
+
+
+def _add_deepseek4(w: GGUFWriter, s: Shape) -> None:
+    """DeepSeek-V4's query latent, window, compressors, indexer, grouped output, hyper-connections,
+    hash layers and routing (YaRN x4 past a quarter of the context, as its files scale RoPE)."""
+    arch, ratios = s.family, {"S": 0, "C": 4, "H": 128}
+    w.add_q_lora_rank(s.q_lora_rank)
+    w.add_sliding_window(s.sliding_window)
+    w.add_expert_shared_count(1)
+    w.add_expert_weights_scale(1.5)
+    w.add_expert_weights_norm(True)
+    w.add_uint32(f"{arch}.expert_gating_func", SQRT_SOFTPLUS)
+    w.add_array(f"{arch}.swiglu_clamp_exp", [s.swiglu_limit] * s.layers)
+    w.add_array(f"{arch}.swiglu_clamp_shexp", [s.swiglu_limit] * s.layers)
+    w.add_indexer_head_count(s.index_heads)
+    w.add_indexer_key_length(s.index_dim)
+    w.add_indexer_top_k(s.index_top_k)
+    w.add_uint32(f"{arch}.attention.output_group_count", s.out_groups)
+    w.add_uint32(f"{arch}.attention.output_lora_rank", s.out_rank)
+    w.add_array(f"{arch}.attention.compress_ratios", [ratios[k] for k in s.pattern])
+    w.add_float32(f"{arch}.attention.compress_rope_freq_base", 160000.0)
+    w.add_uint32(f"{arch}.hyper_connection.count", s.streams)
+    w.add_uint32(f"{arch}.hyper_connection.sinkhorn_iterations", 20)
+    w.add_float32(f"{arch}.hyper_connection.epsilon", 1e-6)
+    w.add_uint32(f"{arch}.hash_layer_count", s.hash_layers)
+    w.add_rope_scaling_type(RopeScalingType.YARN)
+    w.add_rope_scaling_factor(4.0)
+    w.add_rope_scaling_orig_ctx_len(s.context // 4)
 
 
 def _add_qwen4exp(w: GGUFWriter, s: Shape) -> None:
@@ -550,17 +653,18 @@ def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: i
     _add_hparams(w, shape, vocab)
     _copy_tokenizer(source, w)
     tensors = _Tensors(shape, vocab).build()
+    plain = {Q.F32: np.float32, Q.I32: np.int32}
     for name, dims, qtype, _ in tensors:
         block, size = GGML_QUANT_SIZES[qtype]
-        stored = dims if qtype == Q.F32 else (*dims[:-1], dims[-1] // block * size)  # bytes per row
-        dtype = np.dtype(np.float32 if qtype == Q.F32 else np.uint8)
+        stored = dims if qtype in plain else (*dims[:-1], dims[-1] // block * size)  # bytes per row
+        dtype = np.dtype(plain.get(qtype, np.uint8))
         w.add_tensor_info(name, stored, dtype, int(np.prod(stored)) * dtype.itemsize, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     rng = np.random.default_rng(seed)
     for _, dims, qtype, fill in tensors:
-        if qtype == Q.F32:
+        if qtype in plain:
             w.write_tensor_data(_float_data(rng, dims, fill))
         else:
             _, fan_in, gain = fill

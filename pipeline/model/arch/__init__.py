@@ -6,6 +6,7 @@ from ...gguf_io.reader import GGUFIndex
 from .afmoe import Afmoe
 from .cohere import Cohere2, Cohere2Moe, CommandR
 from .deepseek2 import Deepseek2
+from .deepseek4 import Deepseek4
 from .deepseek32 import Deepseek32
 from .ernie4_5_moe import Ernie45Moe
 from .exaone4 import Exaone4
@@ -42,6 +43,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "llama": Llama, "qwen2": Qwen2, "gemma3": Gemma3, "gemma4": Gemma4, "qwen3": Qwen2, "qwen3moe": Qwen2,
     "qwen3next": Qwen3Next, "qwen35": Qwen35, "qwen35moe": Qwen35, "qwen4exp": Qwen4Exp,
     "nemotron_h": NemotronH, "nemotron_h_moe": NemotronH, "deepseek2": Deepseek2, "deepseek32": Deepseek32,
+    "deepseek4": Deepseek4,
     "glm-dsa": GlmDsa,
     "glm4moe": Glm4Moe, "mistral3": Mistral3, "mistral4": Deepseek2,   # Mistral 4: llama.cpp's deepseek2 graph
     "qwen3vl": Qwen3VL, "qwen3vlmoe": Qwen3VL, "gpt-oss": GptOss,

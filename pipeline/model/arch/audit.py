@@ -14,7 +14,7 @@ from gguf import Keys
 
 from ...errors import UserError
 
-GATING_CODES = {"softmax": 1, "sigmoid": 2}   # gguf's ExpertGatingFuncType
+GATING_CODES = {"softmax": 1, "sigmoid": 2, "sqrt_softplus": 4}   # llama.cpp's llama_expert_gating_func_type
 
 
 def equals(*values):

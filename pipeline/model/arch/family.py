@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import MODEL_TENSOR, TENSOR_NAMES, Keys
+from gguf import MODEL_TENSOR, TENSOR_NAMES, GGMLQuantizationType, Keys
 from torch import nn
 
 from ...errors import UserError
@@ -59,7 +59,8 @@ class HParams:
 # stored 1 + w too), routers with their biases, and selection biases; what reads them computes in
 # float32, so rounding them to 16 bits first would lose bits that are never recovered
 FLOAT32_TENSORS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias")
-KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
+KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20
+HC_COUNT = "{arch}.hyper_connection.count"   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
 
 
 class DecoderArch:
@@ -215,7 +216,7 @@ class DecoderArch:
         rows: dict[str, int] = {}
         for t in self.gguf.layer_tensors(i):
             kind = t.name.split(".")[2]
-            if len(t.shape) >= 2:
+            if len(t.shape) >= 2 and t.qtype != GGMLQuantizationType.I32:   # not a table of ids (hash routing)
                 group = ("ssm" if kind.startswith("ssm_") else "attn" if kind.startswith(("attn_", "shortconv")) else
                          "experts" if kind.endswith("_exps") else "router" if kind == "ffn_gate_inp" else
                          "mlp" if kind.startswith("ffn_") else "other")
@@ -357,7 +358,7 @@ class DecoderArch:
         names = {c: name for name, c in GATING_CODES.items()}
         if int(code) not in names:
             raise UserError(f"{self.gguf.path}: expert_gating_func {int(code)} is not computed by layercycle "
-                            f"(softmax and sigmoid are)")
+                            f"(softmax, sigmoid and sqrt-softplus are)")
         return names[int(code)]
 
     def routing(self, i: int) -> Routing:
@@ -450,3 +451,20 @@ class DenseThenSigmoidExperts:
 
     def ffn_kind(self, i: int) -> str:
         return self.dense_then_experts(i)
+
+
+class HyperConnections:
+    """A family whose residual is `hyper_connection.count` streams (mixed in before DecoderArch): a
+    boundary after layer 0 holds them side by side; the embedding, before layer 0, is one."""
+
+    @functools.cached_property
+    def count(self) -> int:
+        """The residual streams."""
+        count = int(self.key(HC_COUNT))
+        if count < 2:
+            raise UserError(f"{self.gguf.path}: {HC_COUNT.format(arch=self.gguf.architecture)} is {count}; "
+                            f"hyper-connections need two streams or more")
+        return count
+
+    def boundary_width(self, cut: int) -> int:
+        return self.hp.hidden if cut == 0 else self.count * self.hp.hidden

@@ -30,6 +30,12 @@ def swiglu_limited(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.
     return F.silu(gate).clamp(max=limit) * up.clamp(-limit, limit)
 
 
+def swiglu_clamp(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
+    """ggml's swiglu_clamp (DeepSeek-V4's): the gate clamped above at `limit` before the SiLU, the up
+    projection to +-limit."""
+    return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+
+
 def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
                  up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
                  gate_bias: torch.Tensor | None = None, glu=None) -> torch.Tensor:
@@ -63,12 +69,32 @@ class MLP(Weights):
 @dataclass(frozen=True)
 class Routing:
     n_used: int            # experts per token (top-k)
-    gating: str            # "softmax" or "sigmoid" over the router logits; "softmax_weight": softmax
-                           # over the chosen experts' logits (gpt-oss)
+    gating: str            # "softmax", "sigmoid" or "sqrt_softplus" over the router logits;
+                           # "softmax_weight": softmax over the chosen experts' logits (gpt-oss)
     normalize: bool        # chosen weights divided by their sum
     scale: float = 1.0     # chosen weights multiplied by it
     n_groups: int = 1      # experts in this many equal groups: the top-k is taken in the
     n_groups_used: int = 1  # groups whose two best experts score highest (DeepSeek-V3's group limit)
+
+
+def expert_scores(logits: torch.Tensor, gating: str) -> torch.Tensor:
+    """Router logits [N, E] -> the experts' scores, float32 or wider (softmax_weight: the logits,
+    chosen on them and weighted by a softmax over the chosen)."""
+    logits = wide(logits)
+    if gating == "softmax":
+        return logits.softmax(-1)
+    if gating == "sigmoid":
+        return logits.sigmoid()
+    if gating == "sqrt_softplus":
+        return F.softplus(logits).sqrt()
+    return logits
+
+
+def normalized(weights: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """The chosen experts' weights [N, k], divided by their sum where the routing says so, scaled."""
+    if routing.normalize:
+        weights = weights / weights.sum(-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
+    return weights * routing.scale if routing.scale != 1.0 else weights
 
 
 def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor | None = None):
@@ -78,13 +104,7 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
     scores go to the lower expert index (a stable sort), so the choice never depends on the
     batch or the kernel.
     """
-    logits = wide(logits)
-    if routing.gating == "softmax":
-        probs = logits.softmax(-1)
-    elif routing.gating == "sigmoid":
-        probs = logits.sigmoid()
-    else:   # softmax_weight: chosen on the logits, weighted by a softmax over the chosen
-        probs = logits
+    probs = expert_scores(logits, routing.gating)
     select = probs if selection_bias is None else probs + selection_bias
     if routing.n_groups > 1:  # as llama.cpp's build_moe_ffn: the other groups' experts are never chosen
         N, E = select.shape
@@ -97,9 +117,7 @@ def route(logits: torch.Tensor, routing: Routing, selection_bias: torch.Tensor |
     weights = probs.gather(-1, experts)
     if routing.gating == "softmax_weight":
         weights = weights.softmax(-1)
-    if routing.normalize:
-        weights = weights / weights.sum(-1, keepdim=True).clamp_min(MIN_WEIGHT_SUM)
-    return weights * routing.scale if routing.scale != 1.0 else weights, experts
+    return normalized(weights, routing), experts
 
 
 def _name(fn) -> str:

@@ -49,3 +49,18 @@ def heap_select(scores, k: int) -> list[int]:
     heap = np.empty(k, dtype=np.int64)
     heap_select_into(np.asarray(scores, dtype=np.float64), k, heap)
     return heap.tolist()
+
+
+@numba.njit(cache=True, nogil=True)
+def select_top_k(scores: np.ndarray, lengths: np.ndarray, k: int, selected: np.ndarray) -> None:
+    """Per row r of scores [R, n]: of its first lengths[r] entries, the k that ggml's top-k keeps
+    (all of them where there are no more), marked in selected [R, n] (zeros in)."""
+    heap = np.empty(k, dtype=np.int64)
+    for r in range(scores.shape[0]):
+        m = lengths[r]
+        if m <= k:
+            selected[r, :m] = True
+            continue
+        heap_select_into(scores[r, :m], k, heap)
+        for j in heap:
+            selected[r, j] = True

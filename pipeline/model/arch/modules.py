@@ -60,6 +60,20 @@ class Layer(Weights):
         return f"layer {s.index}: {s.mixer or 'no mixer'}, {s.ffn or 'no feed-forward'}"
 
 
+class StreamsLayer(Layer):
+    """A layer of a family whose residual is `count` streams of `hidden` (hyper-connections): its
+    input boundary holds them side by side, or (layer 0) the embedding, one stream."""
+
+    def __init__(self, spec, eps: float, count: int, hidden: int, **parts):
+        super().__init__(spec, eps, **parts)
+        self.count, self.hidden = count, hidden
+
+    def streams(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, count x hidden or hidden] -> [B, T, count, hidden], the embedding in every stream."""
+        B, T, _ = x.shape
+        return x.view(B, T, -1, self.hidden).expand(B, T, self.count, self.hidden)
+
+
 class PreNormLayer(Layer):
     """llama.cpp's llm_build_llama, the layer most families share: the mixer over the normed
     stream, then the feed-forward block over the normed sum."""
@@ -114,3 +128,17 @@ class Head(Weights):
             width = min(width, max(1, WIDENED_SLICE_BYTES // (4 * self.weight.shape[1])))
         for start in range(0, self.weight.shape[0], width):
             yield start, self.logits(normed, self.weight[start:start + width])
+
+
+class StreamsHead(Head):
+    """The head of a family whose residual is several streams (hyper-connections): the family's
+    mixer collapses streams [..., count x hidden] into one hidden state (its first output), the
+    final norm (None: the mixer stands in for it) and the LM head follow."""
+
+    def __init__(self, mixer: nn.Module, norm: torch.Tensor | None, weight: torch.Tensor, eps: float, count: int):
+        super().__init__(norm, weight, eps, normalize=self.collapse)
+        self.mixer, self.count = mixer, count
+
+    def collapse(self, x: torch.Tensor, norm: torch.Tensor | None, eps: float) -> torch.Tensor:
+        mixed = self.mixer(x.unflatten(-1, (self.count, -1)))[0]                      # [..., hidden]
+        return mixed if norm is None else rms_norm(mixed, norm, eps)

@@ -37,16 +37,15 @@ from torch import nn
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from .blocks import Attention, AttentionSpec, Weights, rms_norm
-from .family import FLOAT32_TENSORS, LayerSpec
+from .family import FLOAT32_TENSORS, HyperConnections, LayerSpec
 from .heap_select import heap_select_into
 from .loading import BlockTensors, read_tensor
-from .modules import Head, Layer
+from .modules import StreamsHead, StreamsLayer
 from .qwen3next import Qwen35
 from .rope import apply_rope
 from .shapes import expect
 from .ssm import MAMBA2_FLOAT32_TENSORS
 
-HC_COUNT = "{arch}.hyper_connection.count"
 HC_LOW_RANK = "{arch}.hyper_connection.low_rank"
 COMPRESS_RATIOS = "{arch}.attention.compress_ratios"
 PLE_LAYERS = "{arch}.ple.layers"
@@ -209,18 +208,13 @@ class QuerySparseAttention(Attention):
         return torch.from_numpy(selected).to(x.device)
 
 
-class Qwen4ExpLayer(Layer):
+class Qwen4ExpLayer(StreamsLayer):
     """llama.cpp's qwen4exp graph, one layer: forward(x [B, T, width in], tables, state, the
-    n-gram rows [B, T, width] or None) -> [B, T, count x hidden]. Layer 0 takes the embedding,
-    one stream, and copies it into every stream."""
-
-    def __init__(self, spec, eps, count: int, hidden: int, **parts):
-        super().__init__(spec, eps, **parts)
-        self.count, self.hidden = count, hidden
+    n-gram rows [B, T, width] or None) -> [B, T, count x hidden]."""
 
     def forward(self, x: torch.Tensor, tables, state=None, token_input: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        h = x.view(B, T, -1, self.hidden).expand(B, T, self.count, self.hidden)       # [B, T, count, hidden]
+        h = self.streams(x)                                                              # [B, T, count, hidden]
         if self.ngram is not None:
             h = self.ngram(h, token_input)
         a, weights = self.attn_mixer(h)
@@ -230,19 +224,7 @@ class Qwen4ExpLayer(Layer):
         return h.reshape(B, T, -1)
 
 
-class HyperHead(Head):
-    """The final mixer (no write back) in place of the output norm, then the LM head: streams
-    [..., count x hidden] -> float32 logits."""
-
-    def __init__(self, mixer: HyperMixer, weight: torch.Tensor, count: int):
-        super().__init__(None, weight, mixer.eps, normalize=self.collapse)
-        self.mixer, self.count = mixer, count
-
-    def collapse(self, x: torch.Tensor, norm, eps) -> torch.Tensor:
-        return self.mixer(x.unflatten(-1, (self.count, -1)))[0]                        # [..., hidden]
-
-
-class Qwen4Exp(Qwen35):
+class Qwen4Exp(HyperConnections, Qwen35):
     delta_net_gate = staticmethod(torch.sigmoid)   # diff: Qwen3.5's output gate is a SiLU
     float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS + (
         "ple_norm_key.weight", "ple_norm_query.weight", "ple_norm_conv.weight",
@@ -291,15 +273,6 @@ class Qwen4Exp(Qwen35):
                 expect(self, f"blk.{i}.indexer.{kind}.weight", shape, "indexer heads and key_length", required=True)
 
     @functools.cached_property
-    def count(self) -> int:
-        """The residual streams of the hyper-connections."""
-        count = int(self.key(HC_COUNT))
-        if count < 2:
-            raise UserError(f"{self.gguf.path}: {HC_COUNT.format(arch=self.gguf.architecture)} is {count}; "
-                            f"hyper-connections need two streams or more")
-        return count
-
-    @functools.cached_property
     def ngram_hash(self) -> tuple:
         """(multipliers, head offsets, head table sizes, heads per n-gram, EOS) of the n-gram hash."""
         n, per_ngram = int(self.key(PLE_NGRAM)), int(self.key(PLE_HEADS_PER_NGRAM))
@@ -318,9 +291,6 @@ class Qwen4Exp(Qwen35):
         return int(self.layer_key(COMPRESS_RATIOS, i, 0))
 
     # -- what a boundary carries ---------------------------------------------------------------
-    def boundary_width(self, cut: int) -> int:
-        return self.hp.hidden if cut == 0 else self.count * self.hp.hidden
-
     def token_inputs(self, first: int, last: int, device, dtype) -> NGramRows | None:
         return NGramRows(self, device, dtype) if self.ple_layer is not None and first <= self.ple_layer < last else None
 
@@ -373,7 +343,7 @@ class Qwen4Exp(Qwen35):
     def output_norm_shape(self) -> tuple[str, tuple[int, ...], str]:
         return "output_hc_norm.weight", (self.count * self.hp.hidden,), "hyper_connection.count x embedding_length"
 
-    def load_head(self, device, dtype) -> HyperHead:
+    def load_head(self, device, dtype) -> StreamsHead:
         n, H = self.count, self.hp.hidden
 
         def wide(name):   # the head computes in float32
@@ -382,4 +352,4 @@ class Qwen4Exp(Qwen35):
         out = "output.weight" if "output.weight" in self.gguf.tensors else "token_embd.weight"
         mixer = HyperMixer(wide("output_hc_norm.weight").view(n, H), wide("output_hc_down.weight"),
                            wide("output_hc_up.weight"), None, self.hp.eps)
-        return HyperHead(mixer, read_tensor(self.gguf, out, device, dtype), n)
+        return StreamsHead(mixer, None, read_tensor(self.gguf, out, device, dtype), self.hp.eps, n)   # no output norm
