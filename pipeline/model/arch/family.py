@@ -59,8 +59,8 @@ class HParams:
 # stored 1 + w too), routers with their biases, and selection biases; what reads them computes in
 # float32, so rounding them to 16 bits first would lose bits that are never recovered
 FLOAT32_TENSORS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias")
-KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20
-HC_COUNT = "{arch}.hyper_connection.count"   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
+KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
+HC_COUNT = "{arch}.hyper_connection.count"
 
 
 class DecoderArch:
