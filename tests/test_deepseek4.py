@@ -55,6 +55,13 @@ def test_cycled_equals_whole_bit_for_bit(ds4, tmp_path):
         assert run_pipeline(tmp_path, window_layers=size, **common)["mean_nll"] == whole["mean_nll"]
 
 
+def test_a_sequence_shorter_than_an_entry_sees_its_window_only(ds4):
+    """Three tokens complete no entry of 4: their logits are those of the same positions in a
+    longer sequence, whose later entries they cannot see."""
+    ids = random_ids(2, 40)
+    assert torch.allclose(forward(ds4, ids[:, :3]), forward(ds4, ids)[:, :3], atol=1e-5)
+
+
 def test_gpu_layers_placement_on_the_cpu_equals_the_whole_trunk(ds4, tmp_path):
     common = dict(model=str(ds4), corpus=str(HEAD40K), ctx=256, chunks=2)
     whole = run_pipeline(tmp_path, window_layers=0, **common)

@@ -105,6 +105,8 @@ def compress(x: torch.Tensor, w: dict, prefix: str, ratio: int, eps: float) -> t
     at ratio 4 each entry also takes the first half of the channels of the 4 keys before it."""
     B, T, _ = x.shape
     n = T // ratio
+    if n == 0:   # no entry complete yet
+        return x.new_zeros(B, 0, w[prefix + "norm"].shape[0], dtype=torch.float32)
     kv = F.linear(x, w[prefix + "kv"])[:, :n * ratio].float()                           # [B, n r, C]
     gate = F.linear(x, w[prefix + "gate"])[:, :n * ratio].float() + w[prefix + "ape"].repeat(n, 1)
     kv, gate = kv.view(B, n, ratio, kv.shape[-1]), gate.view(B, n, ratio, kv.shape[-1])  # [B, n, r, C]
