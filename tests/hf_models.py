@@ -196,12 +196,22 @@ def llama_cpp_qsa(model) -> None:
     """Qwen4-Exp's query-sparse selection as llama.cpp makes it: ggml's top-k of the keys, each
     scored as its block, over budget + ratio - 1 slots, so that the slots the tail leaves take keys
     of the next-best block (its heap selection picks which, heap_select.py); transformers keeps the
-    best whole blocks and the tail only. The blocks' scores are transformers' own."""
+    best whole blocks and the tail only. The indexer's forward is replaced (transformers 5.24 selects
+    inside it, 5.25 in a method of its own); its queries, keys and blocks' scores are transformers'
+    own parts and formulas."""
+    import math
+    from types import MethodType
+
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import apply_rotary_pos_emb
+
     from pipeline.model.arch.heap_select import heap_select
 
-    def select(indexer, hidden_states, q, raw_keys, full_cos, full_sin, attention_mask, **kwargs):
+    def forward(indexer, hidden_states, position_embeddings, attention_mask, cache=None, **kwargs):
         B, T, _ = hidden_states.shape
-        r, width = indexer.compress_ratio, indexer.token_budget + indexer.compress_ratio - 1
+        r, width, D = indexer.compress_ratio, indexer.token_budget + indexer.compress_ratio - 1, indexer.index_head_dim
+        cos, sin = position_embeddings
+        q, raw_keys = indexer.index_qk_proj(hidden_states).split([indexer.index_n_heads * D, D], dim=-1)
+        q = apply_rotary_pos_emb(indexer.q_layernorm(q.reshape(B, T, -1, D)), cos=cos, sin=sin, unsqueeze_dim=2)
         selected = torch.zeros(B, 1, T, attention_mask.shape[-1], dtype=torch.bool)
         for b in range(B):
             for t in range(T):
@@ -211,21 +221,16 @@ def llama_cpp_qsa(model) -> None:
                 n_blocks = (t + 1) // r
                 keys = raw_keys[b, :n_blocks * r].view(n_blocks, r, -1).float().mean(1)
                 starts = torch.arange(n_blocks) * r
-                keys = apply_rotary_pos_emb(indexer.k_layernorm(keys).unsqueeze(1), cos=full_cos[b, starts],
-                                            sin=full_sin[b, starts]).squeeze(1)
-                block = torch.relu(q[b, t].float() @ keys.float().T).sum(0) / indexer.index_head_dim ** 0.5
+                keys = apply_rotary_pos_emb(indexer.k_layernorm(keys).unsqueeze(1), cos=cos[b, starts],
+                                            sin=sin[b, starts]).squeeze(1)
+                block = torch.relu(q[b, t].float() @ keys.float().T).sum(0) / math.sqrt(D)
                 row = block.repeat_interleave(r).tolist() + [math.inf] * (t + 1 - n_blocks * r)
                 selected[b, 0, t, heap_select(row, width)] = True
         return selected
 
-    import math
-    from types import MethodType
-
-    from transformers.models.qwen4_exp.modeling_qwen4_exp import apply_rotary_pos_emb
-
     for layer in model.model.layers:
         if getattr(layer, "self_attn", None) is not None:
-            layer.self_attn.indexer._select_tokens = MethodType(select, layer.self_attn.indexer)
+            layer.self_attn.indexer.forward = MethodType(forward, layer.self_attn.indexer)
 
 
 def kimi_hub_layout(out: Path) -> None:
