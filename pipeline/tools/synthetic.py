@@ -21,7 +21,7 @@ every other layer, biases on attention, router and experts, clamped SwiGLU exper
 (no RoPE and the attention temperature every fourth layer, chunked attention on the others,
 weightless QK-norm, a top-1 sigmoid-routed MoE with a shared expert every `moe_every`-th layer)
 `qwen3next` (Gated DeltaNet layers, gated full attention every `attention_every`-th layer with
-partial RoPE, softmax-routed experts beside a sigmoid-gated shared expert) and `qwen4exp` (qwen3next's
+partial RoPE, softmax-routed experts beside a sigmoid-gated shared expert), `qwen4exp` (qwen3next's
 layers under `streams` hyper-connections of rank `streams_rank`, the attention query-sparse: an
 indexer of `index_heads` heads keeps `index_top_k` keys in blocks of `index_block`; the n-gram hash
 embedding of n-grams up to `ngram`, `ngram_heads` heads each, on layer 0) and `deepseek4` (DeepSeek-V4:
@@ -47,6 +47,7 @@ from gguf import GGMLQuantizationType as Q
 
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex
+from ..model.arch.audit import GATING_CODES
 
 
 @dataclass(frozen=True)
@@ -102,8 +103,9 @@ class Shape:
         return self.head_dim or self.hidden // self.heads
 
     def kind(self, i: int) -> str:
-        """Layer i's op: `M`, `E` or `*` (nemotron_h_moe); `D`, a DeltaNet (qwen3next) or KDA
-        (kimi-linear) layer and a feed-forward block; elsewhere attention and a feed-forward block (`A`)."""
+        """Layer i's op: `M`, `E` or `*` (nemotron_h_moe); `S`, `C` or `H` (deepseek4's attention); `D`,
+        a DeltaNet (qwen3next, qwen4exp) or KDA (kimi-linear) layer and a feed-forward block; elsewhere
+        attention and a feed-forward block (`A`)."""
         if self.family in ("nemotron_h_moe", "deepseek4"):
             return self.pattern[i]
         if self.family in ("qwen3next", "qwen4exp", "kimi-linear") and (i + 1) % self.attention_every:
@@ -130,7 +132,6 @@ GATED_EXPERTS = ("qwen3moe", "gpt-oss", "llama4", "minimax-m3", "deepseek4", *QW
 SHARED_EXPERT = ("nemotron_h_moe", "llama4", "minimax-m3", "deepseek4", *QWEN_HYBRID, *LATENT)
 SELECTION_BIAS = ("nemotron_h_moe", "minimax-m3", *LATENT)
 SIGMOID_ROUTED = ("minimax-m3", *LATENT)   # past leading dense layers, with a shared expert
-SQRT_SOFTPLUS = 4   # llama.cpp's expert_gating_func code of DeepSeek-V4's routing (gguf-py 0.19 has no name for it)
 
 
 def check_shape(shape: Shape) -> None:
@@ -595,7 +596,7 @@ def _add_deepseek4(w: GGUFWriter, s: Shape) -> None:
     w.add_expert_shared_count(1)
     w.add_expert_weights_scale(1.5)
     w.add_expert_weights_norm(True)
-    w.add_uint32(f"{arch}.expert_gating_func", SQRT_SOFTPLUS)
+    w.add_uint32(f"{arch}.expert_gating_func", GATING_CODES["sqrt_softplus"])   # gguf-py 0.19 has no name for it
     w.add_array(f"{arch}.swiglu_clamp_exp", [s.swiglu_limit] * s.layers)
     w.add_array(f"{arch}.swiglu_clamp_shexp", [s.swiglu_limit] * s.layers)
     w.add_indexer_head_count(s.index_heads)
