@@ -496,3 +496,10 @@ def test_qwen4exp_ngram_rows_are_transformers_at_every_eos_and_sequence_start(ti
         ref = model.model.layers[arch.ple_layer].ple.ple_embedding(ids, None)
     assert rows.shape == ref.shape
     assert torch.equal(rows, ref)
+
+
+def test_qwen4exp_ngram_tables_past_the_embedding_are_refused_before_any_work(tiny_model, tmp_path):
+    _, path = tiny_model("qwen4exp")
+    changed = rewrite_gguf(path, tmp_path / "changed.gguf", metadata={"qwen4exp.ple.head_offsets": [0, 101, 204, 400]})
+    with pytest.raises(UserError, match="do not fit n-grams of 3"):
+        load_architecture(GGUFIndex(changed))

@@ -255,6 +255,7 @@ class Qwen4Exp(HyperConnections, Qwen35):
                 if kind != "inject" or inject:
                     expect(self, f"{prefix}_{kind}.weight", shape, why, required=True)
         if self.ple_layer is not None:
+            self.ngram_hash   # its constants against the table, before any work
             rows, width = self.gguf.tensors[PLE_TABLE].shape
             heads = (int(self.key(PLE_NGRAM)) - 1) * int(self.key(PLE_HEADS_PER_NGRAM))
             if heads * width != H:
