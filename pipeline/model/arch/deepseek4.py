@@ -36,7 +36,7 @@ from gguf import Keys
 from torch import nn
 
 from ...errors import UserError
-from .blocks import SCORE_BLOCK_BYTES, Weights, blockwise_score_bytes, rms_norm, wide
+from .blocks import SCORE_BLOCK_BYTES, Weights, rms_norm, wide
 from .family import FLOAT32_TENSORS, DecoderArch, HyperConnections, LayerSpec
 from .ffn import MLP, MoE, Routed, expert_scores, normalized, swiglu_clamp
 from .heap_select import select_top_k
@@ -53,6 +53,7 @@ OUT_RANK = "{arch}.attention.output_lora_rank"
 COMPRESS_RATIOS = "{arch}.attention.compress_ratios"
 COMPRESS_BASE = "{arch}.attention.compress_rope_freq_base"
 SPARSE, HEAVY = 4, 128   # the compress ratios llama.cpp computes: indexed (overlapping) and all entries
+SCORE_COPIES = 5         # float32 score tensors of a block of queries alive at once (masked, with sinks, softmax)
 
 
 class SinkhornMixer(Weights):
@@ -163,7 +164,7 @@ class CompressedAttention(Weights):
         positions = torch.arange(T, device=q.device)
         complete = (positions[:, None] + 1) // self.ratio > torch.arange(n, device=q.device) if self.ratio else None
         sinks = self.w["sinks"].float().view(1, H, 1, 1)
-        rows = max(1, SCORE_BLOCK_BYTES // (3 * 4 * B * H * (T + n)))
+        rows = max(1, SCORE_BLOCK_BYTES // (SCORE_COPIES * 4 * B * H * (T + n)))
         out = []
         for a in range(0, T, rows):
             b = min(a + rows, T)
@@ -189,8 +190,14 @@ class CompressedAttention(Weights):
         q = rotate_tail(F.linear(latent.float(), w["index_q_b"]).view(B, T, H, D).transpose(1, 2), cos, sin, self.rope)
         at = slice(None, T // SPARSE * SPARSE, SPARSE)
         k = rotate_tail(compress(x.float(), w, "index_", SPARSE, self.eps), cos[at], sin[at], self.rope)   # [B, n, D]
-        weights = F.linear(x.float(), w["index_proj"]) * (1.0 / math.sqrt(D * H))       # [B, T, H]
-        scores = (torch.relu(q @ k[:, None].transpose(-1, -2)) * weights.transpose(1, 2)[..., None]).sum(1)
+        weights = (F.linear(x.float(), w["index_proj"]) * (1.0 / math.sqrt(D * H))).transpose(1, 2)   # [B, H, T]
+        n = k.shape[1]
+        scores = torch.empty(B, T, n, dtype=torch.float32, device=x.device)
+        rows = max(1, SCORE_BLOCK_BYTES // (2 * 4 * B * H * max(n, 1)))
+        for a in range(0, T, rows):   # a block of queries' heads at a time
+            b = min(a + rows, T)
+            per_head = torch.relu(q[:, :, a:b] @ k[:, None].transpose(-1, -2))          # [B, H, b - a, n]
+            scores[:, a:b] = (per_head * weights[:, :, a:b, None]).sum(1)
         visible = ((torch.arange(T) + 1) // SPARSE).expand(B, T).contiguous()           # [B, T] entries complete
         selected = np.zeros(scores.shape, dtype=np.bool_)
         select_top_k(scores.cpu().numpy().reshape(B * T, -1), visible.numpy().reshape(-1), self.top_k,
@@ -334,16 +341,16 @@ class Deepseek4(HyperConnections, DecoderArch):
         layers = [i for i in self.hash_layers if first <= i < last]
         return TokenIds(layers) if layers else None
 
-    def activation_floats(self, i: int) -> int:
-        """The family's counted activations, and the streams: eight times count x hidden (the normed
-        streams, the mixed and written-back copies, in float32)."""
-        return super().activation_floats(i) + 8 * self.count * self.hp.hidden
-
     def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
-        """A block of queries' float32 scores over the window and the entries, and the indexer's
-        scores and selection of the entries, [batch, ctx, ctx / 4] each."""
-        heads = int(self.key(Keys.Attention.Indexer.HEAD_COUNT, 0))
-        return blockwise_score_bytes(batch, ctx, n_head) + batch * ctx * (ctx // SPARSE) * (1 + 4 * (heads + 1))
+        """A block of queries' float32 scores over the window and the entries (SCORE_COPIES of them, at
+        most SCORE_BLOCK_BYTES), the indexer's heads' scores of a block of queries (at most
+        SCORE_BLOCK_BYTES), and its summed scores and selection of the entries, [batch, ctx, ctx / 4]
+        float32 and bool."""
+        indexed = any(self.compress_ratio(i) == SPARSE for i in range(self.hp.n_layers))
+        heads, n = int(self.key(Keys.Attention.Indexer.HEAD_COUNT, 0)), ctx // SPARSE
+        entries = batch * ctx * n * (4 + 1) + min(SCORE_BLOCK_BYTES, 2 * 4 * batch * heads * ctx * n) if indexed else 0
+        scores = min(SCORE_COPIES * 4 * batch * n_head * ctx * (ctx + ctx // SPARSE), SCORE_BLOCK_BYTES)
+        return scores + entries
 
     # -- the layer ------------------------------------------------------------------------------
     def sinkhorn_mixer(self, t, prefix: str) -> SinkhornMixer:

@@ -295,13 +295,6 @@ class Qwen4Exp(HyperConnections, Qwen35):
     def token_inputs(self, first: int, last: int, device, dtype) -> NGramRows | None:
         return NGramRows(self, device, dtype) if self.ple_layer is not None and first <= self.ple_layer < last else None
 
-    def activation_floats(self, i: int) -> int:
-        """Qwen3.5's, and the streams the layer holds beside them: six times count x hidden (the
-        normed streams, the mixer's gate and gated product, the write-back and its sum), six more
-        on the n-gram layer (its key, query, gated value, the value's norm, padded and convolved)."""
-        streams = self.count * self.hp.hidden
-        return super().activation_floats(i) + 6 * streams * (2 if i == self.ple_layer else 1)
-
     def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
         """Qwen3.5's, each query's selection of keys, [batch, ctx, ctx] bool, built on the host, and
         the indexer's float32 scores of the blocks, [batch, indexer heads + 1, ctx, blocks]."""
