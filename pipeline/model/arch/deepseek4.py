@@ -37,7 +37,7 @@ from torch import nn
 
 from ...errors import UserError
 from .blocks import SCORE_BLOCK_BYTES, Weights, rms_norm, wide
-from .family import FLOAT32_TENSORS, DecoderArch, HyperConnections, LayerSpec
+from .family import COMPRESS_RATIOS, FLOAT32_TENSORS, DecoderArch, HyperConnections, LayerSpec
 from .ffn import MLP, MoE, Routed, expert_scores, normalized, swiglu_clamp
 from .heap_select import select_top_k
 from .loading import BlockTensors, read_tensor
@@ -50,7 +50,6 @@ HC_EPS = "{arch}.hyper_connection.epsilon"
 HASH_LAYERS = "{arch}.hash_layer_count"
 OUT_GROUPS = "{arch}.attention.output_group_count"
 OUT_RANK = "{arch}.attention.output_lora_rank"
-COMPRESS_RATIOS = "{arch}.attention.compress_ratios"
 COMPRESS_BASE = "{arch}.attention.compress_rope_freq_base"
 SPARSE, HEAVY = 4, 128   # the compress ratios llama.cpp computes: indexed (overlapping) and all entries
 SCORE_COPIES = 5         # float32 score tensors of a block of queries alive at once (masked, with sinks, softmax)

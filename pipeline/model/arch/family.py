@@ -61,6 +61,7 @@ class HParams:
 FLOAT32_TENSORS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias")
 KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
 HC_COUNT = "{arch}.hyper_connection.count"
+COMPRESS_RATIOS = "{arch}.attention.compress_ratios"   # per layer: keys per compressed block (0: none)
 
 
 class DecoderArch:

@@ -37,7 +37,7 @@ from torch import nn
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from .blocks import Attention, AttentionSpec, Weights, rms_norm
-from .family import FLOAT32_TENSORS, HyperConnections, LayerSpec
+from .family import COMPRESS_RATIOS, FLOAT32_TENSORS, HyperConnections, LayerSpec
 from .heap_select import heap_select_into
 from .loading import BlockTensors, read_tensor
 from .modules import StreamsHead, StreamsLayer
@@ -47,7 +47,6 @@ from .shapes import expect
 from .ssm import MAMBA2_FLOAT32_TENSORS
 
 HC_LOW_RANK = "{arch}.hyper_connection.low_rank"
-COMPRESS_RATIOS = "{arch}.attention.compress_ratios"
 PLE_LAYERS = "{arch}.ple.layers"
 PLE_NGRAM = "{arch}.ple.ngram_size"
 PLE_HEADS_PER_NGRAM = "{arch}.ple.heads_per_ngram"
