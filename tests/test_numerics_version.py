@@ -1,6 +1,6 @@
 """Every output's identity carries the numerics version: raising the package's renames every
-output, raising a family's renames what its layers compute, and unchanged code reuses the
-run root as it is."""
+output, raising a family's renames what its layers compute, raising the scoring's renames the
+Score outputs alone, and unchanged code reuses the run root as it is."""
 import luigi
 
 from pipeline import numerics
@@ -34,6 +34,12 @@ def test_raising_a_version_renames_what_it_computes_and_nothing_else(tmp_path, m
     for family in ("Embed", "LayerWindow", "Score"):
         assert after[family] - before[family], family                # new folders beside the old
     assert len(after["LayerWindow"]) == len(before["LayerWindow"]) + 2
+
+    monkeypatch.setattr(numerics, "SCORING", numerics.SCORING + 1)
+    rerun(tmp_path)
+    scored = outputs_of(tmp_path)
+    assert len(scored["Score"]) == len(after["Score"]) + 1
+    assert {k: v for k, v in scored.items() if k != "Score"} == {k: v for k, v in after.items() if k != "Score"}
 
     monkeypatch.setattr(numerics, "VERSION", numerics.VERSION + 1)
     rerun(tmp_path)

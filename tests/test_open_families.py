@@ -39,6 +39,7 @@ from pipeline.model.arch import (
     ffn,
     glm_dsa,
     gpt_oss,
+    heap_select,
     kimi_linear,
     llama4,
     load_architecture,
@@ -180,7 +181,7 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
 
 
 KIMI_LAYER_SPEC = kimi_linear.KimiLinear.layer_spec
-SELECT_KEYS = qwen4exp.select_keys
+SELECT_KEYS = heap_select.select_keys
 
 
 def rotated(spec, rope):
@@ -220,7 +221,7 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "qwen4exp Gated DeltaNet's sigmoid output gate": ("qwen4exp", qwen4exp.Qwen4Exp, "delta_net_gate",
                                                       staticmethod(F.silu)),
     # whole blocks only, as transformers selects: the tail's spare slots left empty
-    "qwen4exp spare slots to the next-best block": ("qwen4exp", qwen4exp, "select_keys",
+    "qwen4exp spare slots to the next-best block": ("qwen4exp", heap_select, "select_keys",
                                                     lambda scores, ratio, width, selected: SELECT_KEYS(
                                                         scores, ratio, width - ratio + 1, selected)),
 }
@@ -411,9 +412,7 @@ def test_gemma4_boundaries_carry_the_shared_kv_and_its_experts_are_held_whole(ti
 def test_tied_top_k_keeps_the_keys_ggml_keeps(scores, k, kept):
     """Where the k-th score is tied, DeepSeek Sparse Attention keeps the keys llama.cpp's heap
     selection keeps (not the lowest indices: the third case keeps 4 and 5 of the ones, not 3)."""
-    from pipeline.model.arch.heap_select import heap_select
-
-    assert sorted(heap_select([float(s) for s in scores], k)) == kept
+    assert sorted(heap_select.heap_select([float(s) for s in scores], k)) == kept
 
 
 def test_glm_dsa_carries_the_shared_selection_exactly_in_16_bit_boundaries(tiny_model):

@@ -6,6 +6,7 @@ import luigi
 import numpy as np
 from gguf import Keys
 
+from .. import numerics
 from ..run.placement import (
     parse_placement,
     resolve_device,
@@ -47,7 +48,8 @@ class Score(PlacedTask):
 
     def identity(self):
         identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
-                    **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
+                    **self.shard_identity(), **self.device_identity(), **self.numerics_identity(),
+                    "scoring": numerics.SCORING}
         if self.base_is_model():
             identity["kl_base"] = self.base_task().spec().model_sha256
         elif self.kl_base:

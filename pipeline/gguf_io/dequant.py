@@ -386,10 +386,11 @@ GPU_PIECE_VALUES = 1 << 22
 FILE_BYTES_READ = [0]   # bytes of the file dequantized by this process: what a task reads of its weights
 READ_WAIT_S = [0.0]     # seconds spent faulting those bytes in from the file, apart from dequantizing them
 
-# the compiled host loops cost a process about 0.8 s to start (importing numba, its threads, its
-# cached code): what the torch operations lose on about 250 MB of file bytes, so a pass over less
-# (SmolLM2's trunk is 80 MB) keeps the torch operations
-COMPILED_LOOPS_FROM_BYTES = 256 << 20
+# the compiled host loops cost a process about 0.5 s to start (importing numba, its threads, its
+# cached code), what the torch operations lose on about 100 MB of file bytes: measured whole-trunk
+# loads, Qwen2.5-0.5B's 236 MB took 0.7 s with the loops against 1.0-1.5 s without, SmolLM2's 80 MB
+# 0.5 s against 0.3 s; so a pass over less keeps the torch operations
+COMPILED_LOOPS_FROM_BYTES = 128 << 20
 COMPILED_LOOPS = [False]   # started in this process
 
 

@@ -256,7 +256,8 @@ def main(argv=None) -> int:
             print_table(alias, rows)
             results[alias] = rows
             n_layers[alias] = _n_layers(model)
-        if any(isinstance(r.window, int) for rows in results.values() for r in rows):  # a size axis to plot
+        sized = any(isinstance(r.window, int) for rows in results.values() for r in rows)
+        if sized and cfg.get("plot"):   # a size axis to plot, and a file to plot it to
             plot(results, n_layers, REPO_ROOT / cfg["plot"])
             print(f"\nplot: {cfg['plot']}")
     except UserError as e:

@@ -23,7 +23,6 @@ from torch import nn
 from .blocks import SCORE_BLOCK_BYTES, layer_norm
 from .deepseek2 import Deepseek2, LatentAttention
 from .family import LayerSpec
-from .heap_select import heap_select
 from .loading import BlockTensors
 from .rope import RopeSpec, apply_rope
 
@@ -79,6 +78,8 @@ class SparseLatentAttention(LatentAttention):
         score is tied, the tied keys kept are those ggml's heap selection keeps (heap_select.py)."""
         ranked = score.topk(self.top_k + 1, dim=-1)                                    # [B, queries, k + 1]
         chosen = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, ranked.indices[..., :-1], True)
+        from .heap_select import heap_select
+
         for row, query in (ranked.values[..., -2] == ranked.values[..., -1]).nonzero().tolist():
             keys = score[row, query, :first + query + 1].tolist()   # this query's causal keys, in cell order
             chosen[row, query] = False

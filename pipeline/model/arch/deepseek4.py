@@ -39,7 +39,6 @@ from ...errors import UserError
 from .blocks import SCORE_BLOCK_BYTES, Weights, rms_norm, wide
 from .family import COMPRESS_RATIOS, FLOAT32_TENSORS, DecoderArch, HyperConnections, LayerSpec
 from .ffn import MLP, MoE, Routed, expert_scores, normalized, swiglu_clamp
-from .heap_select import select_top_k
 from .loading import BlockTensors, read_tensor
 from .modules import StreamsHead, StreamsLayer
 from .rope import RopeSpec, apply_rope, read_rope
@@ -199,6 +198,8 @@ class CompressedAttention(Weights):
             scores[:, a:b] = (per_head * weights[:, :, a:b, None]).sum(1)
         visible = ((torch.arange(T) + 1) // SPARSE).expand(B, T).contiguous()           # [B, T] entries complete
         selected = np.zeros(scores.shape, dtype=np.bool_)
+        from .heap_select import select_top_k
+
         select_top_k(scores.cpu().numpy().reshape(B * T, -1), visible.numpy().reshape(-1), self.top_k,
                      selected.reshape(B * T, -1))
         return torch.from_numpy(selected).to(x.device)

@@ -5,7 +5,8 @@ ggml_top_k on the CPU is libstdc++'s std::partial_sort over the indices, best fi
 the first k is whatever its heap selection leaves there: a heap of the first k, then each later
 index that beats the heap's worst replacing it. This replays that selection step by step (compiled
 by numba: a sparse attention replays it for every query of a long row); torch's topk keeps other
-ties. Only the set matters (the order is not used).
+ties. Only the set matters (the order is not used). The families import this module when they
+select (importing numba costs a process about 0.2 s).
 """
 import numba
 import numpy as np
@@ -64,3 +65,29 @@ def select_top_k(scores: np.ndarray, lengths: np.ndarray, k: int, selected: np.n
         heap_select_into(scores[r, :m], k, heap)
         for j in heap:
             selected[r, j] = True
+
+
+TAIL = 1e9   # llama.cpp's score of a tail key: finite, above every block's
+
+
+@numba.njit(cache=True, nogil=True)
+def select_keys(block_scores: np.ndarray, ratio: int, width: int, selected: np.ndarray) -> None:
+    """Query-sparse attention's keys: block_scores [R, T, blocks] of every query t of R rows ->
+    selected [R, T, T] (zeros in, True where kept): the keys of t's incomplete tail block, then of
+    llama.cpp's top `width` scores over t's keys, each key scored as its block (qwen4exp.py; ggml's
+    heap selection picks among equal scores)."""
+    R, T, _ = block_scores.shape
+    row = np.empty(T, dtype=np.float32)
+    heap = np.empty(width, dtype=np.int64)
+    for r in range(R):
+        for t in range(T):
+            if t < width:
+                selected[r, t, :t + 1] = True
+                continue
+            tail = (t + 1) // ratio * ratio
+            for j in range(tail):
+                row[j] = block_scores[r, t, j // ratio]
+            row[tail:t + 1] = TAIL
+            heap_select_into(row[:t + 1], width, heap)
+            for j in heap:
+                selected[r, t, j] = True

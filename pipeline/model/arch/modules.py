@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..scoring import WIDENED_SLICE_BYTES
+from ..scoring import WIDENED_SLICE_BYTES, bfloat16_kernels
 from .blocks import Temperature, Weights, causal_mask, module_bytes, rms_norm, temperature_factors
 from .rope import RopeSpec, rope_tables
 
@@ -114,9 +114,13 @@ class Head(Weights):
         return self.logits(self.normalize(x.float(), self.norm, self.eps), self.weight)
 
     def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # float32 logits, accumulated in float32 from 16-bit weights too (logits rounded to
-        # bfloat16 before the log-sum-exp lie on a 0.125 grid at 16)
-        z = F.linear(normed, weight.to(normed.dtype))
+        # float32 logits [N, S], accumulated in float32 from 16-bit weights too (logits rounded to
+        # bfloat16 before the log-sum-exp lie on a 0.125 grid at 16). A 16-bit head multiplies the
+        # normed state rounded to its dtype, as every product of the trunk in that dtype does.
+        if weight.dtype.itemsize < 4:
+            normed = normed.to(weight.dtype).float()
+        with bfloat16_kernels(weight):
+            z = F.linear(normed, weight.float())
         return z if self.finish is None else self.finish(z)
 
     def logit_slices(self, x: torch.Tensor, width: int):

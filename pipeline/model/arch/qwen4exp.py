@@ -26,7 +26,6 @@ forms of its own, as llama.cpp's graph computes them:
 import functools
 import math
 
-import numba
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -38,7 +37,6 @@ from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from .blocks import Attention, AttentionSpec, Weights, rms_norm
 from .family import COMPRESS_RATIOS, FLOAT32_TENSORS, HyperConnections, LayerSpec
-from .heap_select import heap_select_into
 from .loading import BlockTensors, read_tensor
 from .modules import StreamsHead, StreamsLayer
 from .qwen3next import Qwen35
@@ -56,7 +54,6 @@ PLE_MULTIPLIERS = "{arch}.ple.layer_multipliers"
 PLE_OFFSETS = "{arch}.ple.head_offsets"
 PLE_VOCABS = "{arch}.ple.head_vocab_sizes"
 PLE_TABLE = "per_layer_token_embd.weight"
-TAIL = 1e9   # llama.cpp's score of a tail key: finite, above every block's
 
 
 class HyperMixer(Weights):
@@ -149,29 +146,6 @@ def ngram_rows(ids: np.ndarray, multipliers: np.ndarray, offsets: np.ndarray, si
     return np.concatenate(heads, axis=-1).astype(np.int64)
 
 
-@numba.njit(cache=True, nogil=True)
-def select_keys(block_scores: np.ndarray, ratio: int, width: int, selected: np.ndarray) -> None:
-    """Query-sparse attention's keys: block_scores [R, T, blocks] of every query t of R rows ->
-    selected [R, T, T] (zeros in, True where kept): the keys of t's incomplete tail block, then of
-    llama.cpp's top `width` scores over t's keys, each key scored as its block (ggml's heap
-    selection picks among equal scores, heap_select.py)."""
-    R, T, _ = block_scores.shape
-    row = np.empty(T, dtype=np.float32)
-    heap = np.empty(width, dtype=np.int64)
-    for r in range(R):
-        for t in range(T):
-            if t < width:
-                selected[r, t, :t + 1] = True
-                continue
-            tail = (t + 1) // ratio * ratio
-            for j in range(tail):
-                row[j] = block_scores[r, t, j // ratio]
-            row[tail:t + 1] = TAIL
-            heap_select_into(row[:t + 1], width, heap)
-            for j in heap:
-                selected[r, t, j] = True
-
-
 class QuerySparseAttention(Attention):
     """Gated attention over the keys its indexer keeps: x [B, T, hidden] -> [B, T, hidden]."""
 
@@ -203,6 +177,8 @@ class QuerySparseAttention(Attention):
         pooled = apply_rope(pooled[:, None], cos[::r][:n_blocks], sin[::r][:n_blocks], rope)  # at each block's start
         scores = torch.relu(q @ pooled.transpose(-1, -2)).sum(1)                        # [B, T, blocks]
         selected = np.zeros((B, T, T), dtype=np.bool_)
+        from .heap_select import select_keys
+
         select_keys(scores.cpu().numpy(), r, self.budget + r - 1, selected)
         return torch.from_numpy(selected).to(x.device)
 
