@@ -113,25 +113,33 @@ class Head(Weights):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.logits(self.normalize(x.float(), self.norm, self.eps), self.weight)
 
-    def logits(self, normed: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def logits(self, normed: torch.Tensor, weight: torch.Tensor, widened: torch.Tensor | None = None) -> torch.Tensor:
         # float32 logits [N, S], accumulated in float32 from 16-bit weights too (logits rounded to
         # bfloat16 before the log-sum-exp lie on a 0.125 grid at 16). A 16-bit head multiplies the
-        # normed state rounded to its dtype, as every product of the trunk in that dtype does.
+        # normed state rounded to its dtype, as every product of the trunk in that dtype does; its
+        # float32 copy goes into `widened` ([>= S, hidden] float32) where one is given.
+        wide = weight
         if weight.dtype.itemsize < 4:
             normed = normed.to(weight.dtype).float()
+            wide = weight.float() if widened is None else widened[:weight.shape[0]].copy_(weight)
         with bfloat16_kernels(weight):
-            z = F.linear(normed, weight.float())
+            z = F.linear(normed, wide)
         return z if self.finish is None else self.finish(z)
 
     def logit_slices(self, x: torch.Tensor, width: int):
         """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
-        so that all N x vocab logits never exist at once. With 16-bit weights a slice's float32
-        copy is at most WIDENED_SLICE_BYTES, which narrows the slices of a wide model."""
+        so that all N x vocab logits never exist at once. With 16-bit weights each slice is
+        widened into one float32 buffer of at most WIDENED_SLICE_BYTES (which narrows the slices
+        of a wide model), allocated once: a fresh copy per slice page-faults its memory anew,
+        which took as long as the slice's product."""
         normed = self.normalize(x.float(), self.norm, self.eps)             # [N, hidden] float32
+        widened = None
         if self.weight.dtype.itemsize < 4:
             width = min(width, max(1, WIDENED_SLICE_BYTES // (4 * self.weight.shape[1])))
+            widened = torch.empty((min(width, self.weight.shape[0]), self.weight.shape[1]), dtype=torch.float32,
+                                  device=self.weight.device)                  # [width, hidden]
         for start in range(0, self.weight.shape[0], width):
-            yield start, self.logits(normed, self.weight[start:start + width])
+            yield start, self.logits(normed, self.weight[start:start + width], widened)
 
 
 class StreamsHead(Head):
