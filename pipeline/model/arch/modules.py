@@ -130,8 +130,8 @@ class Head(Weights):
         """x [N, hidden] -> (first id, float32 logits [N, <= width]) per slice of the vocabulary,
         so that all N x vocab logits never exist at once. With 16-bit weights each slice is
         widened into one float32 buffer of at most WIDENED_SLICE_BYTES (which narrows the slices
-        of a wide model), allocated once: a fresh copy per slice page-faults its memory anew,
-        which took as long as the slice's product."""
+        of a wide model), allocated once per call: a fresh copy per slice page-faults its memory
+        anew (26 ms against 2 ms for a 16384 x 896 slice)."""
         normed = self.normalize(x.float(), self.norm, self.eps)             # [N, hidden] float32
         widened = None
         if self.weight.dtype.itemsize < 4:
