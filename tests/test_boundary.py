@@ -44,3 +44,14 @@ def test_flipped_byte_is_detected_on_read(tmp_path):
     assert store.verified(0) and not store.verified(1)
     with pytest.raises(UserError, match="chunk 1 .* is corrupted"):
         store.read_chunk(1)
+
+
+def test_a_chunk_of_zeros_is_stored_and_read_back(tmp_path):
+    """An accumulator of experts that no token of a chunk was routed to is zero there: the chunk
+    is written as any other, on creation and on resuming, never taken for one not computed."""
+    created = ChunkedArray.create(tmp_path / "acc.zarr", (4, 3, 2), 2, "float32", {})
+    created.write_chunk(0, np.zeros((2, 3, 2), np.float32))
+    resumed = ChunkedArray.open_for_update(tmp_path / "acc.zarr")
+    resumed.write_chunk(1, np.zeros((2, 3, 2), np.float32))
+    for i in (0, 1):
+        assert resumed.verified(i) and not ChunkedArray.open(tmp_path / "acc.zarr").read_chunk(i).any()

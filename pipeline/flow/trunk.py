@@ -222,10 +222,10 @@ class Embed(PlacedTask):
         mine = self.shard_sequences(plan.n_sequences)
         shape = (len(mine), s.method.ctx, arch.hp.hidden)
         alive = len(self.windows()) + 1 if self.keep_boundaries else 2  # boundaries on disk at once
-        # a window in expert slices keeps, as float32, its staged layer (two hidden states a
-        # token) and two accumulators (one each) while it runs
-        sliced = 4 * 4 * int(np.prod(shape)) if any(w.expert_slices > 1 for w in self.windows()) else 0
         widest = max(arch.boundary_width(w.last) for w in self.windows())   # a boundary may carry more than hidden
+        # a window in expert slices keeps, as float32, its staged layer (about two of the widest
+        # boundaries a token: the blocks' outputs before the experts) and two accumulators
+        sliced = 4 * 4 * shape[0] * shape[1] * widest if any(w.expert_slices > 1 for w in self.windows()) else 0
         check_disk((*shape[:2], widest), self.boundary_dtype, alive, outputs.free_bytes(location(self.run_root)),
                    self.run_root, sliced)
 
@@ -361,11 +361,19 @@ class LayerWindow(PlacedTask):
                 loaded.append(SlicedLayer(load_architecture(self.spec().gguf), self.first, device, dtype, slices))
             return loaded[0]
 
-        gguf = self.spec().gguf
-        n, ctx, H = source.array.shape
-        as_tensor = lambda chunks: [torch.from_numpy(c) for c in chunks]  # noqa: E731
-        self.fill(work / "staged.zarr", (n, ctx, layer().width), "float32", source.read_chunk,
-                  lambda: lambda i, x: layer().stage(torch.from_numpy(x)).numpy(), finite=False, part="attention")
+        gguf, arch = self.spec().gguf, load_architecture(self.spec().gguf)
+        n, ctx, _ = source.array.shape
+        H = layer().hidden                              # the experts' width; a boundary may carry more
+
+        def with_ids(i, *arrays):                       # a chunk's arrays and, where the family reads them, its ids
+            return (*arrays, self.chunk_ids(i) if arch.takes_token_ids else None)
+
+        def as_tensors(chunks):
+            return [c if c is None or isinstance(c, torch.Tensor) else torch.from_numpy(c) for c in chunks]
+
+        self.fill(work / "staged.zarr", (n, ctx, layer().width), "float32",
+                  lambda i: with_ids(i, source.read_chunk(i)),
+                  lambda: lambda i, chunks: layer().stage(*as_tensors(chunks)).numpy(), finite=False, part="attention")
         staged = ChunkedArray.open(work / "staged.zarr")
         firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
         before = None                                   # the accumulator of the slices so far
@@ -378,7 +386,7 @@ class LayerWindow(PlacedTask):
 
                 def load(a=a):
                     layer().load_slice(a)
-                    return lambda i, chunks: layer().add_slice(*as_tensor(chunks)).numpy()
+                    return lambda i, chunks: layer().add_slice(*as_tensors(chunks)).numpy()
 
                 self.fill(acc, (n, ctx, H), "float32", read, load, finite=False,
                           part=f"experts {j + 1}/{len(firsts)}")
@@ -387,9 +395,9 @@ class LayerWindow(PlacedTask):
                 outputs.remove_tree(before)
             before = acc
         summed = ChunkedArray.open(before)
-        stats = self.fill(work / "boundary.zarr", source.array.shape, self.boundary_dtype,
-                          lambda i: (source.read_chunk(i), staged.read_chunk(i), summed.read_chunk(i)),
-                          lambda: lambda i, chunks: layer().finish(*as_tensor(chunks)).numpy(),
+        stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
+                          lambda i: with_ids(i, source.read_chunk(i), staged.read_chunk(i), summed.read_chunk(i)),
+                          lambda: lambda i, chunks: layer().finish(*as_tensors(chunks)).numpy(),
                           write_behind=device.startswith("cuda"))
         outputs.remove_tree(work / "staged.zarr")
         outputs.remove_tree(before)

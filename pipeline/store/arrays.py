@@ -46,6 +46,11 @@ def decode(stored: np.ndarray, dtype: str) -> np.ndarray:
     return stored.astype(np.float64 if dtype == "float64" else np.float32, copy=False)
 
 
+# a chunk equal to the fill value is written too: a missing chunk file means "not computed" (a
+# slice of experts that no token of a chunk was routed to leaves its accumulator zero there)
+EVERY_CHUNK = {"write_empty_chunks": True}
+
+
 class ChunkedArray:
     def __init__(self, path: Path, array: zarr.Array):
         self.path, self.array = path, array  # a local Path or an object store's UPath
@@ -56,7 +61,7 @@ class ChunkedArray:
                attrs: dict) -> "ChunkedArray":
         array = zarr.create_array(store=str(path), shape=shape, chunks=(per_chunk, *shape[1:]),
                                   dtype=STORED_AS[dtype], compressors=_codecs(), fill_value=0,
-                                  attributes={**attrs, "dtype": dtype}, overwrite=True)
+                                  attributes={**attrs, "dtype": dtype}, overwrite=True, config=EVERY_CHUNK)
         return cls(path, array)
 
     @classmethod
@@ -71,7 +76,7 @@ class ChunkedArray:
         (Zarr writes `<key>.<uuid>.partial` and renames it into place)."""
         for leftover in path.rglob("*.partial"):
             leftover.unlink()
-        return cls(path, zarr.open_array(str(path), mode="r+"))
+        return cls(path, zarr.open_array(str(path), mode="r+").with_config(EVERY_CHUNK))
 
     @property
     def attrs(self) -> dict:

@@ -213,14 +213,11 @@ class HashRoutedMoE(MoE):
         super().__init__(**kw)
         self.register_buffer("table", table, persistent=False)
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+    def route(self, flat: torch.Tensor, ids: torch.Tensor) -> Routed:
+        # flat [N, hidden], ids [B, T] of the same tokens
         experts = self.table[ids.reshape(-1).to(self.table.device)].long()              # [N, k]
         scores = expert_scores(F.linear(wide(flat), self.router), self.routing.gating)    # [N, E]
-        routed = Routed.of(normalized(scores.gather(-1, experts), self.routing), experts, self.experts.n_experts)
-        out = torch.zeros(flat.shape, dtype=routed.weights.dtype, device=flat.device)
-        self.add_experts(flat, routed, out, self.experts.slices(routed.counts))
-        return self.finish(flat, out).view_as(x)
+        return Routed.of(normalized(scores.gather(-1, experts), self.routing), experts, self.experts.n_experts)
 
 
 class Deepseek4Layer(StreamsLayer):
@@ -234,7 +231,7 @@ class Deepseek4Layer(StreamsLayer):
         h = write_back(h, self.attention(self.norm(a, self.attn_norm), tables), post, comb)
         f, post, comb = self.ffn_mixer(h)
         f = self.norm(f, self.ffn_norm)
-        h = write_back(h, self.moe(f) if token_input is None else self.moe(f, token_input), post, comb)
+        h = write_back(h, self.moe(f, token_input), post, comb)   # the ids: read by a hash-routed layer
         return h.reshape(B, T, -1)
 
 

@@ -152,16 +152,18 @@ class MoE(Weights):
         """feed_forward's bias argument -> the experts' biases [E, rows], those the layer has."""
         return {name: b for name in ("up_bias", "gate_bias", "down_bias") if (b := getattr(self, name)) is not None}
 
-    def forward(self, x: torch.Tensor, tables=None, state=None) -> torch.Tensor:
-        # x: [B, T, hidden]
+    def forward(self, x: torch.Tensor, *inputs) -> torch.Tensor:
+        # x: [B, T, hidden]; inputs: what the layer hands the block beside it (route reads them)
         flat = x.reshape(-1, x.shape[-1])                                     # [N, hidden]
-        routed = self.route(flat)
+        routed = self.route(flat, *inputs)
         out = torch.zeros(flat.shape, dtype=routed.weights.dtype, device=flat.device)  # summed in float32 or wider
         self.add_experts(flat, routed, out, self.experts.slices(routed.counts))
         return self.finish(flat, out).view_as(x)
 
-    def route(self, flat: torch.Tensor) -> "Routed":
-        """The routing of the tokens flat [N, hidden]."""
+    def route(self, flat: torch.Tensor, *inputs) -> "Routed":
+        """The routing of the tokens flat [N, hidden], the experts' input; `inputs`, the layer's other
+        arguments to the block, are read by a family whose router takes more (the token ids, the
+        stream). The held layer and the sliced one (model/sliced.py) both route through here."""
         weights, experts = route(F.linear(wide(flat), self.router, self.router_bias), self.routing, self.selection_bias)
         return Routed.of(weights, experts, self.experts.n_experts)
 

@@ -67,19 +67,12 @@ class Gemma4MoE(MoE):
         self.register_buffer("expert_scale", expert_scale, persistent=False)
         self.eps = eps
 
-    def route(self, flat: torch.Tensor) -> Routed:
-        # flat [N, hidden]: the stream, not the experts' normed input
-        u = rms_norm(wide(flat), None, self.eps) * (1.0 / math.sqrt(flat.shape[-1])) * self.router_scale
+    def route(self, flat: torch.Tensor, stream: torch.Tensor) -> Routed:
+        # flat [N, hidden] the experts' input; stream [B, T, hidden] the router's (not the normed input)
+        stream = stream.reshape(flat.shape)
+        u = rms_norm(wide(stream), None, self.eps) * (1.0 / math.sqrt(flat.shape[-1])) * self.router_scale
         weights, experts = route(F.linear(u, self.router), self.routing)                   # [N, k] each
         return Routed.of(weights * self.expert_scale[experts], experts, self.experts.n_experts)
-
-    def forward(self, x: torch.Tensor, stream: torch.Tensor) -> torch.Tensor:
-        # x [B, T, hidden] the experts' input, stream [B, T, hidden] the router's
-        flat = x.reshape(-1, x.shape[-1])
-        routed = self.route(stream.reshape(-1, stream.shape[-1]))
-        out = torch.zeros(flat.shape, dtype=routed.weights.dtype, device=flat.device)   # summed in float32
-        self.add_experts(flat, routed, out, self.experts.slices(routed.counts))
-        return self.finish(flat, out).view_as(x)
 
 
 class Gemma4Layer(Layer):
@@ -169,7 +162,6 @@ class PerLayerInputs(Weights):
 
 class Gemma4(Gemma3):
     fused_gate_up_experts = True
-    sliceable_experts = False     # its router reads the stream, its experts a norm of it: held whole
     # the router's input scale, each expert's output scale and the layer's output scalar stay float32
     float32_tensors = FLOAT32_TENSORS + ("ffn_gate_inp.scale", "ffn_down_exps.scale", "layer_output_scale.weight")
     honours = Gemma3.honours | {Keys.Attention.SHARED_KV_LAYERS}
