@@ -214,7 +214,7 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "kimi-linear decay per key channel": ("kimi-linear", kimi_linear, "delta_rule_blockwise",
                                           lambda q, k, v, g, *rest: delta_net.delta_rule_blockwise(
                                               q, k, v, g.mean(-1), *rest)),
-    # its latent-attention layers rotate no key part (llama-perplexity agrees: README)
+    # its latent-attention layers rotate no key part (llama-perplexity agrees: ARCHITECTURES.md)
     "kimi-linear latent attention without RoPE": ("kimi-linear", kimi_linear.KimiLinear, "layer_spec",
                                                   lambda self, i: rotated(KIMI_LAYER_SPEC(self, i), self.trunk_rope)),
     "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
@@ -502,3 +502,18 @@ def test_qwen4exp_ngram_tables_past_the_embedding_are_refused_before_any_work(ti
     changed = rewrite_gguf(path, tmp_path / "changed.gguf", metadata={"qwen4exp.ple.head_offsets": [0, 101, 204, 400]})
     with pytest.raises(UserError, match="do not fit n-grams of 3"):
         load_architecture(GGUFIndex(changed))
+
+
+def test_qwen4exp_indexer_tensors_under_compress_ratios_of_0_leave_attention_dense(tiny_model, tmp_path):
+    """A converter writes the indexer on every attention layer; with compress ratios of 0 llama.cpp
+    computes dense attention and leaves it unused: the file gives the NLL of the same file without
+    those tensors, not the sparse file's."""
+    _, path = tiny_model("qwen4exp")
+    dense = {"qwen4exp.attention.compress_ratios": [0, 0, 0, 0]}
+    kept = rewrite_gguf(path, tmp_path / "kept.gguf", metadata=dense)
+    without = rewrite_gguf(path, tmp_path / "without.gguf", lambda n, q, d: None if ".indexer." in n else (d, q),
+                           metadata=dense)
+    assert any(".indexer." in name for name in GGUFIndex(kept).tensors)
+    ids = random_ids()
+    assert nll(kept, ids) == nll(without, ids)
+    assert abs(nll(kept, ids) - nll(path, ids)) > MOVED

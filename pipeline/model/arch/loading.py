@@ -60,6 +60,11 @@ class BlockTensors:
         self.read.add(name)
         return self.dequantized(name, None)
 
+    def unused(self, *kinds: str) -> None:
+        """Tensors of the block that the file may hold and llama.cpp loads, but that its graph does
+        not use on this layer: taken as read, never dequantized."""
+        self.read.update(name for name in map(self.name, kinds) if name in self.gguf.tensors)
+
     def keep(self, t: torch.Tensor) -> torch.Tensor:
         """`t` moved into the window's block where it has room (else as it is)."""
         view = self.weights.take(tuple(t.shape), t.dtype) if self.weights is not None else None

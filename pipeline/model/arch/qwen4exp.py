@@ -54,6 +54,7 @@ PLE_MULTIPLIERS = "{arch}.ple.layer_multipliers"
 PLE_OFFSETS = "{arch}.ple.head_offsets"
 PLE_VOCABS = "{arch}.ple.head_vocab_sizes"
 PLE_TABLE = "per_layer_token_embd.weight"
+INDEXER = ("indexer.q_proj", "indexer.k_proj", "indexer.q_norm", "indexer.k_norm")   # an attention layer's
 
 
 class HyperMixer(Weights):
@@ -299,7 +300,8 @@ class Qwen4Exp(HyperConnections, Qwen35):
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> Attention:
         ratio = self.compress_ratio(t.i)
-        if ratio <= 0:
+        if ratio <= 0:   # dense, as llama.cpp computes it: the indexer a converter may have written goes unused
+            t.unused(*INDEXER)
             return super().attention(spec, t)
         w = self.attention_weights(spec, t) | {
             "index_q": t("indexer.q_proj"), "index_k": t("indexer.k_proj"), "index_q_norm": t("indexer.q_norm"),
