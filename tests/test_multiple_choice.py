@@ -6,7 +6,7 @@ import struct
 import pytest
 
 from pipeline.errors import UserError
-from pipeline.run.modes.multiple_choice import read_tasks, write_tasks
+from pipeline.run.multiple_choice_file import read_tasks, write_tasks
 
 from .helpers import assert_one_line_error, luigi_cli
 

@@ -10,7 +10,7 @@ from pipeline.flow.score import Score
 from pipeline.flow.trunk import Embed, LayerWindow, Tokenize
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.tokenizer import load_tokenizer
-from pipeline.run.spec import read_tokens_file
+from pipeline.run.tokens_file import read_tokens_file
 
 from .helpers import HEAD40K, run_pipeline
 

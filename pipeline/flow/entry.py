@@ -198,7 +198,7 @@ class PerplexityRun(RunTask):
         return False  # always prints its report, from the cached chain when that is complete
 
     def result(self) -> dict:
-        """The result of the completed chain (README: "Options", the JSON keys)."""
+        """The result of the completed chain (README: "Outputs", the JSON keys)."""
         from .report import build_result
 
         scores = self.score_tasks(check_memory=False)
@@ -222,7 +222,7 @@ class PerplexityRun(RunTask):
         if self.kl_base_out:
             self.write_base_file(self.score_tasks(check_memory=False), result)
         if self.dump_tokens:
-            from ..run.spec import write_tokens_file
+            from ..run.tokens_file import write_tokens_file
             from ..store.arrays import load_tokens
 
             write_tokens_file(self.dump_tokens, load_tokens(self.score_tasks(check_memory=False)[0].clone(Tokenize)

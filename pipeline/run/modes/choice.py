@@ -51,7 +51,7 @@ class ChoiceMode(Mode):
 
     def plan(self, spec) -> ModePlan:
         text, source = self.content(spec.eval_task, spec.corpus)
-        available, tasks = tokenized(self.name, str(spec.model_path), text, source, spec.method.chunks,
+        available, tasks = tokenized(type(self), str(spec.model_path), text, source, spec.method.chunks,
                                      spec.method.bos)
         ctx, choices = spec.method.ctx, [c for t in tasks for c in t.choices]
         longest = max(len(c.tokens) for c in choices)
@@ -87,14 +87,13 @@ def common_prefix(seqs: list[list[int]]) -> int:
 
 
 @functools.lru_cache(maxsize=4)
-def tokenized(mode: str, model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> tuple:
-    """(the tasks in the file, the tasks a run scores (n_tasks of them, 0: all) tokenized: ChoiceTask
-    each, in order)."""
+def tokenized(mode: type["ChoiceMode"], model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> tuple:
+    """(the tasks in the file, the tasks a run scores (n_tasks of them, 0: all) tokenized by the
+    choice mode `mode`: ChoiceTask each, in order)."""
     from ...gguf_io.reader import open_gguf
     from ...gguf_io.tokenizer import load_tokenizer
-    from . import BY_METHOD
 
-    choice_mode = BY_METHOD[mode]()
+    choice_mode = mode()
     records = choice_mode.read(text, source)
     tokenizer = load_tokenizer(open_gguf(model_path))
     encode = functools.partial(tokenizer.encode, add_bos=add_bos)
@@ -102,7 +101,8 @@ def tokenized(mode: str, model_path: str, text, source: str, n_tasks: int, add_b
                                for i in choice_mode.order(len(records), n_tasks))
 
 
-def longest_sequence(mode: str, model_path: str, text, source: str, n_tasks: int, add_bos: bool) -> int:
+def longest_sequence(mode: type["ChoiceMode"], model_path: str, text, source: str, n_tasks: int,
+                     add_bos: bool) -> int:
     """The tokens of the longest choice's sequence: the ctx a run sets when --ctx is not given."""
     _, tasks = tokenized(mode, model_path, text, source, n_tasks, add_bos)
     return max(len(c.tokens) for t in tasks for c in t.choices)

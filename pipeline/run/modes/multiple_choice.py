@@ -1,71 +1,15 @@
 """Multiple choice as llama-perplexity scores it (`--multiple-choice FILE`,
 `--multiple-choice-tasks N`): llama.cpp's binary task file (ARC, MMLU, TruthfulQA as its users
-pass them), scored as HellaSwag is, with any number of answers.
-
-The file: uint32 task count, a uint32 offset of each task, then each task: the question, the
-single-answer set (uint32 count, the answers, an int32 label each, 1 for right) and a
-multiple-answer set in the same layout (not scored, as llama-perplexity scores none). Strings
-are a uint32 length and that many UTF-8 bytes. Each answer is one sequence, `question + " " +
-answer` with the model's BOS rule; the tokens all answers share are not scored; an answer's score
-is the mean log-probability of the rest; the first maximum is the choice.
+pass them; its layout: run/multiple_choice_file.py), scored as HellaSwag is, with any number of
+answers. Each answer is one sequence, `question + " " + answer` with the model's BOS rule; the
+tokens all answers share are not scored; an answer's score is the mean log-probability of the
+rest; the first maximum is the choice.
 """
-import struct
-
 import numpy as np
 
-from ...errors import UserError
+from ..multiple_choice_file import read_tasks
 from .choice import Choice, ChoiceMode, ChoiceTask, common_prefix
 from .task_order import llama_sampled_order
-
-MAX_ANSWERS = 100          # llama-perplexity refuses a set with more
-
-
-def read_tasks(data: bytes, source: str) -> list[tuple[str, list[str], list[int]]]:
-    """(question, answers, labels) of each task of llama.cpp's binary multiple-choice file."""
-    def fail(what: str):
-        raise UserError(f"{source}: {what}; a multiple-choice file is llama.cpp's binary layout "
-                        f"(pass it as llama-perplexity's -bf file)")
-
-    def u32(at: int) -> tuple[int, int]:
-        if at + 4 > len(data):
-            fail(f"ends at byte {len(data)}, inside a task")
-        return struct.unpack_from("<I", data, at)[0], at + 4
-
-    def string(at: int) -> tuple[str, int]:
-        size, at = u32(at)
-        if at + size > len(data):
-            fail(f"a string of {size} bytes at byte {at} runs past the end")
-        try:
-            return data[at:at + size].decode("utf-8"), at + size
-        except UnicodeDecodeError:
-            fail(f"the string at byte {at} is not UTF-8")
-
-    def answers(at: int) -> tuple[list[str], list[int], int]:
-        n, at = u32(at)
-        if n > MAX_ANSWERS:
-            fail(f"a task with {n} answers (at most {MAX_ANSWERS})")
-        texts = []
-        for _ in range(n):
-            text, at = string(at)
-            texts.append(text)
-        if at + 4 * n > len(data):
-            fail("a task's labels run past the end")
-        return texts, list(struct.unpack_from(f"<{n}i", data, at)), at + 4 * n
-
-    n_task, at = u32(0)
-    if n_task == 0:
-        fail("no tasks")
-    if 4 + 4 * n_task > len(data):
-        fail(f"{n_task} task offsets do not fit in {len(data)} bytes")
-    tasks = []
-    for t, pos in enumerate(struct.unpack_from(f"<{n_task}I", data, 4)):
-        question, at = string(pos)
-        texts, labels, at = answers(at)
-        answers(at)                                   # the multiple-answer set: read, not scored
-        if not question or not texts or not all(texts) or 1 not in labels:
-            fail(f"task {t} has an empty question or answer, or no right answer")
-        tasks.append((question, texts, labels))
-    return tasks
 
 
 class MultipleChoice(ChoiceMode):
@@ -110,19 +54,3 @@ class MultipleChoice(ChoiceMode):
         if m["tasks"] >= 100 or m["tasks"] == m["available"]:   # as llama-perplexity prints them
             print(f"\nFinal result: {m['accuracy']:.4f} +/- {m['error']:.4f}")
             print(f"Random chance: {m['chance']:.4f} +/- {m['chance_error']:.4f}")
-
-
-def write_tasks(tasks: list[tuple[str, list[str], list[int]]]) -> bytes:
-    """llama.cpp's binary multiple-choice file of (question, answers, labels) tasks, with an empty
-    multiple-answer set each."""
-    def string(text: str) -> bytes:
-        raw = text.encode("utf-8")
-        return struct.pack("<I", len(raw)) + raw
-
-    bodies = [string(q) + struct.pack("<I", len(a)) + b"".join(map(string, a)) + struct.pack(f"<{len(a)}i", *labels)
-              + struct.pack("<I", 0) for q, a, labels in tasks]
-    offsets, at = [], 4 + 4 * len(tasks)
-    for body in bodies:
-        offsets.append(at)
-        at += len(body)
-    return struct.pack(f"<I{len(tasks)}I", len(tasks), *offsets) + b"".join(bodies)

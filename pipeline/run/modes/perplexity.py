@@ -17,7 +17,7 @@ class Perplexity(Mode):
         from ...gguf_io.tokenizer import load_tokenizer
         from ..corpus_plan import plan_sequences
         from ..evaltask import corpus_text
-        from ..spec import read_tokens_file
+        from ..tokens_file import read_tokens_file
 
         if spec.tokens_file:
             tokens = read_tokens_file(spec.tokens_file)
