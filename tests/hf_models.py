@@ -375,6 +375,8 @@ SPECS = {
     # rows of whole K-quant blocks in every expert tensor
     "deepseek2_wide": Spec("DeepseekV3Config", _deepseek(q_lora_rank=48, hidden_size=256, moe_intermediate_size=256),
                            raw_config={"scoring_func": "sigmoid"}),
+    # Qwen2: biases on Q, K and V, RoPE on pairs half the head apart
+    "qwen2": Spec("Qwen2Config", _common(intermediate_size=96, num_hidden_layers=3)),
     "qwen3": Spec("Qwen3Config", _common(intermediate_size=96, num_hidden_layers=3)),
     "qwen3moe": Spec("Qwen3MoeConfig", _common(intermediate_size=96, num_hidden_layers=3, decoder_sparse_step=1,
                                                 mlp_only_layers=[], **MOE)),
@@ -451,6 +453,15 @@ SPECS = {
     "gemma2": Spec("Gemma2Config", _common(intermediate_size=96, num_hidden_layers=4, sliding_window=32,
                                            query_pre_attn_scalar=16, attn_logit_softcapping=5.0,
                                            final_logit_softcapping=10.0) | dict(tie_word_embeddings=True)),
+    # Gemma 3: a window of 32 on five layers of six (the period llama.cpp fixes for the family) at the
+    # local RoPE base, a global layer, QK-norm, norms on both sides of each block, the embedding
+    # scaled by sqrt(hidden)
+    "gemma3": Spec("Gemma3TextConfig", _common(intermediate_size=96, num_hidden_layers=6, sliding_window=32,
+                                               query_pre_attn_scalar=16, layer_types=["sliding_attention"] * 5
+                                               + ["full_attention"], rope_parameters={
+                                                   "full_attention": dict(rope_type="default", rope_theta=1000.0),
+                                                   "sliding_attention": dict(rope_type="default", rope_theta=10000.0)})
+                   | dict(tie_word_embeddings=True), causal_lm="Gemma3ForCausalLM"),
     # Granite 3: IBM's four multipliers, far from 1 so that each shows
     "granite": Spec("GraniteConfig", _common(intermediate_size=96, num_hidden_layers=3, embedding_multiplier=3.0,
                                              residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=0.8)),

@@ -152,7 +152,7 @@ def test_write_behind_overlaps_compute_with_one_write_in_flight(tmp_path):
 @pytest.mark.parametrize("write_behind, redone", [(False, [2, 3]), (True, [1, 2, 3])])
 def test_a_kill_loses_one_chunk_or_with_write_behind_two(tmp_path, write_behind, redone):
     """Killed while computing chunk 2: without write-behind chunk 1 is stored already; with it,
-    chunk 1's write may be in flight and is lost too (the README's bound)."""
+    chunk 1's write may be in flight and is lost too (NUMERICS.md's bound)."""
     started, finished = ({i: threading.Event() for i in range(4)} for _ in range(2))
     out = array(tmp_path)
     computing = blocking_writes(out, started, finished, die={1} if write_behind else set())

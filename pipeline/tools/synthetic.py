@@ -37,7 +37,15 @@ random blocks made from random bytes and fixed scales (nothing is quantized from
 so 16 GB are written in minutes), each matrix's values of mean 0 and standard deviation
 1/sqrt(fan-in), which keeps the hidden state bounded; the LM head is `head_gain` times that, so
 predictions are far from uniform. Tensors are streamed to disk one at a time.
+
+    python -m pipeline.tools.synthetic --config configs/synthetic.toml NAME
+
+writes the settings file's [synthetic.NAME] model into data/models/NAME.gguf (where it is not
+there yet) and prints its path, for `luigi --module pipeline PerplexityRun --model PATH`.
 """
+import argparse
+import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -680,8 +688,6 @@ def write_synthetic_gguf(path: Path, shape: Shape, tokenizer_from: Path, seed: i
 def synthetic_or_registered(alias: str, table: dict) -> Path:
     """A registered model, or a synthetic one from a settings file's [synthetic.ALIAS] table
     (written into data/models/ on first use)."""
-    import sys
-
     from ..gguf_io.registry import resolve_model
     from ..paths import MODELS_CACHE
 
@@ -696,3 +702,29 @@ def synthetic_or_registered(alias: str, table: dict) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_synthetic_gguf(path, Shape(**shape), tokenizer)
     return path
+
+
+def main(argv=None) -> int:
+    from ..paths import REPO_ROOT
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline.tools.synthetic", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path, default=Path("configs/synthetic.toml"))
+    parser.add_argument("name", help="a [synthetic.NAME] table of the settings file")
+    args = parser.parse_args(argv)
+    try:
+        with open(REPO_ROOT / args.config, "rb") as f:
+            table = tomllib.load(f).get("synthetic", {})
+        if args.name not in table:
+            raise UserError(f"{args.config} has no [synthetic.{args.name}] (it has: {', '.join(table) or 'none'})")
+        print(synthetic_or_registered(args.name, table))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        print(f"layercycle synthetic: cannot read {args.config}: {e}", file=sys.stderr)
+        return 1
+    except UserError as e:
+        print(f"layercycle synthetic: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

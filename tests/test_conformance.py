@@ -1,0 +1,189 @@
+"""The conformance matrix (pipeline/tools/architectures.py): every member, a tiny model of one
+architecture, through the Luigi tasks: cycled, split, sliced, sharded and resumed passes give the
+whole trunk's NLL bit for bit, bfloat16 stays within the member's bound; and no architecture of
+the registry is left out."""
+import multiprocessing
+import os
+import random
+import signal
+
+import pytest
+import torch
+
+from pipeline.errors import UserError
+from pipeline.gguf_io.reader import GGUFIndex
+from pipeline.model.arch import ARCHITECTURES, load_architecture
+from pipeline.model.arch.experts import expert_tensor_names
+from pipeline.run.placement import Window
+from pipeline.store import outputs
+from pipeline.tools.architectures import MATRIX, Member
+
+from .helpers import forward, random_ids, run_pipeline
+
+BY_NAME = {m.name: m for m in MATRIX}
+WITH_EXPERTS = [m.name for m in MATRIX if m.experts]
+# two chunks of two sequences and a third of one in each window, so that a kill can fall on any of
+# them; DeepSeek-V4's heavily compressed layer needs 128 keys before its first entry
+COMMON = dict(chunks=5, sequences_per_chunk=2)
+CTX = {"deepseek4": 256}
+
+
+@pytest.fixture(scope="module")
+def member_model(tiny_model, tmp_path_factory, model_path):
+    """The GGUF path of a member, built once per session (converted, or written by the synthetic writer)."""
+    from pipeline.tools.synthetic import Shape, write_synthetic_gguf
+
+    root, written = tmp_path_factory.mktemp("members"), {}
+
+    def get(m: Member):
+        if not m.synthetic:
+            return tiny_model(m.name)[1]
+        if m.name not in written:
+            shape = {k: v for k, v in m.synthetic.items() if k != "tokenizer_from"}
+            written[m.name] = write_synthetic_gguf(root / f"{m.name}.gguf", Shape(**shape),
+                                                   model_path(m.synthetic["tokenizer_from"]))
+        return written[m.name]
+    return get
+
+
+@pytest.fixture(scope="module")
+def whole(member_model, tmp_path_factory):
+    """The whole trunk's result of a member, run once."""
+    done = {}
+
+    def get(m: Member) -> dict:
+        if m.name not in done:
+            root = tmp_path_factory.mktemp(f"whole-{m.name}")
+            done[m.name] = run_pipeline(root, window_layers=0, **params(m, member_model))
+        return done[m.name]
+    return get
+
+
+def params(m: Member, member_model) -> dict:
+    return dict(model=str(member_model(m)), ctx=CTX.get(m.name, 64), **COMMON)
+
+
+def same_numbers(a: dict, b: dict) -> bool:
+    return a["mean_nll"] == b["mean_nll"] and [w["mean_nll"] for w in a["per_window"]] == [
+        w["mean_nll"] for w in b["per_window"]]
+
+
+def test_every_architecture_has_a_member():
+    assert {m.architecture for m in MATRIX} == set(ARCHITECTURES)
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_the_member_is_what_the_matrix_says(name, member_model):
+    gguf = GGUFIndex(member_model(BY_NAME[name]))
+    assert gguf.architecture == BY_NAME[name].architecture
+    n_layers = load_architecture(gguf).hp.n_layers
+    assert any(expert_tensor_names(gguf, i) for i in range(n_layers)) == BY_NAME[name].experts
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_cycled_in_one_layer_windows_equals_whole(name, member_model, whole, tmp_path):
+    m = BY_NAME[name]
+    cycled = run_pipeline(tmp_path, window_layers=1, **params(m, member_model))
+    assert len(cycled["placement"]) == cycled["model"]["n_layers"]
+    assert same_numbers(cycled, whole(m))
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_gpu_layers_split_equals_whole(name, member_model, whole, tmp_path):
+    # --gpu-layers 2 --first-layer 1, the CPU standing in for the device: the layers before and
+    # after the placed ones run in CPU windows of their own
+    m = BY_NAME[name]
+    split = run_pipeline(tmp_path, gpu_layers=2, first_layer=1, window_layers=1, **params(m, member_model))
+    n_layers = split["model"]["n_layers"]
+    after = [(3, n_layers)] if n_layers > 3 else []
+    assert [(w["first"], w["last"]) for w in split["placement"]] == [(0, 1), (1, 2), (2, 3), *after]
+    assert same_numbers(split, whole(m))
+
+
+@pytest.mark.parametrize("name", WITH_EXPERTS)
+def test_expert_slices_equal_the_held_layers(name, member_model, whole, tmp_path, monkeypatch):
+    """Every layer with routed experts in a window of its own, its experts in two slices (the
+    window task's sliced path: staged, slice by slice into the accumulator, finished); a family
+    that holds its experts whole is refused by the planner, naming the budget that runs."""
+    from pipeline import PerplexityRun
+    from pipeline.run import preflight
+
+    m = BY_NAME[name]
+    gguf = GGUFIndex(member_model(m))
+    arch = load_architecture(gguf)
+    moe = [i for i in range(arch.hp.n_layers) if expert_tensor_names(gguf, i)]
+    if not arch.sliceable_experts:
+        run = PerplexityRun(device="cpu", run_root=str(tmp_path), window_layers="auto", **params(m, member_model))
+        per_layer, _ = preflight.layer_costs(gguf, arch.hp.n_layers, torch.float32)
+        fixed = preflight.window_fixed_bytes(gguf, run.sequences_per_chunk, run.spec().method.ctx, arch.hp.n_head)
+        budget = (fixed + max(per_layer[i] for i in moe)) // 1024 - 1
+        with pytest.raises(UserError, match=r"layer \d+ on cpu needs .* the smallest budget that works is \d+ MiB"):
+            PerplexityRun(device="cpu", run_root=str(tmp_path), device_memory=f"{budget}KiB",
+                          **params(m, member_model)).placement(check_memory=False)
+        return
+    windows = [Window("cpu", i, i + 1, 2 if i in moe else 1) for i in range(arch.hp.n_layers)]
+    monkeypatch.setattr(PerplexityRun, "placement", lambda self, *args, **kwargs: windows)
+    sliced = run_pipeline(tmp_path, **params(m, member_model))
+    assert [w["expert_slices"] for w in sliced["placement"]] == [w.expert_slices for w in windows]
+    assert same_numbers(sliced, whole(m))
+
+
+def run_killed(root, fault: str, params: dict) -> None:
+    """A pass that the failpoint `fault` kills (SIGKILL); reaching its end is an error."""
+    os.environ["LAYERCYCLE_FAULT"] = fault
+    run_pipeline(root, **params)
+    os._exit(1)
+
+
+@pytest.fixture(scope="module")
+def killable():
+    """Processes forked from a server that imported the package and never computed: each starts
+    at once, with torch's thread pool of its own (one forked from a process that computed hangs
+    in it), on as many threads as the tests' process."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["pipeline", "tests.helpers", "tests.test_conformance"])
+    return context
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_shards_and_a_killed_pass_resumed_equal_the_one_chain(name, member_model, whole, tmp_path, killable):
+    """--shards 2 gives the one chain's numbers; a pass in 1-layer windows killed once a chunk of a
+    window drawn by the member's name is written resumes in that window and gives them too."""
+    m = BY_NAME[name]
+    common = params(m, member_model)
+    assert same_numbers(run_pipeline(tmp_path / "sharded", shards=2, **common), whole(m))
+    draw = random.Random(name)
+    layer, chunk = draw.randrange(whole(m)["model"]["n_layers"]), draw.randrange(1, 3)
+    root = tmp_path / "killed"
+    fault = f"chunk-written@LayerWindow [{layer}..{layer + 1})#{chunk}"
+    killed = killable.Process(target=run_killed, args=(root, fault, dict(window_layers=1, **common)))
+    killed.start()
+    killed.join()
+    assert killed.exitcode == -signal.SIGKILL
+    (partial,) = (root / "LayerWindow").glob("*.partial")
+    resumed = run_pipeline(root, window_layers=1, **common)
+    assert same_numbers(resumed, whole(m))
+    manifest = outputs.read_manifest(partial.with_name(partial.name.removesuffix(".partial")))
+    assert manifest["identity"]["layers"] == [layer, layer + 1] and manifest["chunks_computed"] == 3 - chunk
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_bfloat16_stays_within_the_members_bound(name, member_model):
+    # routers, norms and recurrent scans stay in float32: only the matrix products round
+    m = BY_NAME[name]
+    path = member_model(m)
+    ids = random_ids()
+    exact, rounded = forward(path, ids), forward(path, ids, torch.bfloat16)
+    nll = [torch.nn.functional.cross_entropy(x[:, :-1].flatten(0, 1), ids[:, 1:].flatten()).item()
+           for x in (exact, rounded)]
+    assert torch.isfinite(rounded).all()
+    assert abs(nll[1] - nll[0]) <= m.bfloat16_nats
+
+
+def test_the_architecture_page_shows_the_matrix():
+    from pipeline.paths import REPO_ROOT
+    from pipeline.tools.architectures import MARKERS, table
+
+    page = (REPO_ROOT / "ARCHITECTURES.md").read_text()
+    shown = page.split(MARKERS[0], 1)[1].split(MARKERS[1], 1)[0].strip()
+    assert shown == "\n".join(table()), "ARCHITECTURES.md is stale: `python -m pipeline.tools.architectures` prints it"
