@@ -294,3 +294,22 @@ def test_gpu_check_forms_on_the_cpu(capsys, model_path, tmp_path, monkeypatch, f
     assert [r[0] for r in rows] == ["| cpu float32 whole", "| cpu bfloat16 whole", "| cpu bfloat16 cycled",
                                     "| cpu bfloat16 split"]
     assert all(int(r[5]) > 0 for r in rows)   # the budget each pass was planned for
+
+
+def test_the_synthetic_command_writes_a_named_model_once(tmp_path, monkeypatch, capsys, model_path):
+    from pipeline.gguf_io.reader import GGUFIndex
+    from pipeline.tools import synthetic
+
+    model_path("smollm2-135m")
+    monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)
+    config = tmp_path / "synthetic.toml"
+    config.write_text('[synthetic.tiny]\nfamily = "qwen3moe"\nlayers = 1\nhidden = 64\nheads = 2\nkv_heads = 1\n'
+                      'head_dim = 32\nexperts = 4\nexperts_used = 2\nexpert_ffn = 64\n'
+                      'tokenizer_from = "smollm2-135m"\n')
+    assert synthetic.main(["--config", str(config), "tiny"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == tmp_path / "tiny.gguf" and GGUFIndex(path).architecture == "qwen3moe"
+    written = path.stat().st_mtime_ns
+    assert synthetic.main(["--config", str(config), "tiny"]) == 0 and path.stat().st_mtime_ns == written
+    assert synthetic.main(["--config", str(config), "other"]) == 1
+    assert "has no [synthetic.other] (it has: tiny)" in capsys.readouterr().err

@@ -11,11 +11,11 @@ as a [base] table of pipeline/tools/synthetic.py's Shape (its `quant` BF16).
 import argparse
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 from ..errors import UserError
-from ..paths import MODELS_CACHE, REPO_ROOT
+from ..paths import MODELS_CACHE
+from .settings import read_settings
 
 
 def quantized_set(cfg: dict, folder: Path = MODELS_CACHE) -> list[Path]:
@@ -52,13 +52,7 @@ def main(argv=None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     args = parser.parse_args(argv)
     try:
-        with open(REPO_ROOT / args.config, "rb") as f:
-            cfg = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        print(f"layercycle quantize: cannot read {args.config}: {e}", file=sys.stderr)
-        return 1
-    try:
-        for path in quantized_set(cfg):
+        for path in quantized_set(read_settings(args.config)):
             print(f"{path}  {path.stat().st_size / 1e9:.2f} GB")
     except UserError as e:
         print(f"layercycle quantize: {e}", file=sys.stderr)

@@ -45,7 +45,6 @@ there yet) and prints its path, for `luigi --module pipeline PerplexityRun --mod
 """
 import argparse
 import sys
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -705,21 +704,17 @@ def synthetic_or_registered(alias: str, table: dict) -> Path:
 
 
 def main(argv=None) -> int:
-    from ..paths import REPO_ROOT
+    from .settings import read_settings
 
     parser = argparse.ArgumentParser(prog="python -m pipeline.tools.synthetic", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("configs/synthetic.toml"))
     parser.add_argument("name", help="a [synthetic.NAME] table of the settings file")
     args = parser.parse_args(argv)
     try:
-        with open(REPO_ROOT / args.config, "rb") as f:
-            table = tomllib.load(f).get("synthetic", {})
+        table = read_settings(args.config).get("synthetic", {})
         if args.name not in table:
             raise UserError(f"{args.config} has no [synthetic.{args.name}] (it has: {', '.join(table) or 'none'})")
         print(synthetic_or_registered(args.name, table))
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        print(f"layercycle synthetic: cannot read {args.config}: {e}", file=sys.stderr)
-        return 1
     except UserError as e:
         print(f"layercycle synthetic: {e}", file=sys.stderr)
         return 1
