@@ -27,7 +27,13 @@ from ..model.arch import ARCHITECTURES
 MARKERS = ("<!-- conformance matrix: begin (python -m pipeline.tools.architectures prints it) -->",
            "<!-- conformance matrix: end -->")
 # architectures whose preflight count is checked against a measured peak at real width
-PREFLIGHT_MEASURED = {"llama": "SmolLM2-135M", "gemma3": "Gemma-3-270M", "qwen2": "Qwen2.5-0.5B"}
+# (tests/test_activation_memory.py): the registered models' first layers, or a synthetic model of
+# each of the family's layer kinds at hidden 2048 (pipeline/tools/synthetic.py)
+SYNTHETIC_WIDE = "synthetic, hidden 2048"
+PREFLIGHT_MEASURED = {"llama": "SmolLM2-135M", "gemma3": "Gemma-3-270M", "qwen2": "Qwen2.5-0.5B",
+                      **{family: SYNTHETIC_WIDE for family in (
+                          "qwen3moe", "nemotron_h_moe", "deepseek2", "deepseek32", "kimi-linear", "gemma4",
+                          "minimax-m3", "gpt-oss", "llama4", "qwen3next", "qwen4exp", "deepseek4")}}
 
 
 @dataclass(frozen=True)

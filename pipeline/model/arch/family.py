@@ -211,7 +211,8 @@ class DecoderArch:
         (measured on the CPU for dense, MoE, attention-only and Mamba2 layers: tests/test_memory.py):
         the residual stream, 2.5 x hidden; an attention or a short convolution, twice its widest
         projection; a dense or shared MLP, twice its width; routed experts, 2 x hidden and 8 per
-        expert (router logits, probabilities, the sort); a recurrent mixer, 9 x its widest
+        expert (router logits, probabilities, the sort), and twice their width where a gated unit
+        clamps them; a recurrent mixer, 9 x its widest
         projection (its blockwise scan); twice what the boundaries before and after it carry
         beside the hidden state (boundary_width)."""
         rows: dict[str, int] = {}
@@ -225,6 +226,8 @@ class DecoderArch:
         floats = 2.5 * self.hp.hidden + 2 * rows.get("attn", 0) + 2 * rows.get("mlp", 0)
         if "router" in rows:
             floats += 2 * self.hp.hidden + 8 * rows["router"]
+        if "experts" in rows and self.gated_unit(i) is not None:   # a clamped SwiGLU's copies of an expert's
+            floats += 2 * rows["experts"]                          # gate and up, out of place (measured: gpt-oss)
         if "ssm" in rows:
             floats += 9 * max(rows["ssm"], rows.get("attn", 0))
         # what the boundaries around the layer carry beside the hidden state, in and out
@@ -244,13 +247,18 @@ class DecoderArch:
         sliding window and chunked) and its flash and memory-efficient ones on CUDA never hold the
         [batch, heads, ctx, ctx] scores; a boolean mask is kept (masked_layers); on CUDA a mask with
         grouped-query heads sends SDPA to its math kernel, which holds the scores, the masked scores
-        and their softmax, three float32 score tensors. A family whose attention forms its scores
-        itself (`blockwise_scores`) holds a block of queries' float32 scores on every device."""
+        and their softmax, three float32 score tensors; on the CPU a value head size other than the
+        key's does so too. A family whose attention forms its scores itself (`blockwise_scores`)
+        holds a block of queries' float32 scores on every device."""
         masked = self.masked_layers(ctx)
         extra = ctx * ctx if masked else 0
         if self.blockwise_scores:
             extra += blockwise_score_bytes(batch, ctx, n_head)
         elif device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
+            extra += 3 * 4 * batch * n_head * ctx * ctx
+        if device == "cpu" and any(s.attention and s.attention.key_dim != s.attention.value_dim for s in self.specs):
+            # SDPA's CPU kernel takes no value head size other than the key's (latent attention: 192
+            # and 128): its math kernel holds the scores, 2.45 float32 score tensors measured
             extra += 3 * 4 * batch * n_head * ctx * ctx
         return extra
 

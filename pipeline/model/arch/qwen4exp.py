@@ -267,6 +267,11 @@ class Qwen4Exp(HyperConnections, Qwen35):
     def compress_ratio(self, i: int) -> int:
         return int(self.layer_key(COMPRESS_RATIOS, i, 0))
 
+    def activation_floats(self, i: int) -> int:
+        """Qwen3.5's, and what its mixers hold beside the streams: each stream normed, its gate and
+        the gated streams, three values of every stream a token (measured at hidden 2048)."""
+        return super().activation_floats(i) + 3 * self.count * self.hp.hidden
+
     # -- what a boundary carries ---------------------------------------------------------------
     def token_inputs(self, first: int, last: int, device, dtype) -> NGramRows | None:
         return NGramRows(self, device, dtype) if self.ple_layer is not None and first <= self.ple_layer < last else None
