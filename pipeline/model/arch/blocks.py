@@ -176,8 +176,19 @@ class Attention(Weights):
         value_dim] -> [B, H, T, value_dim]. The seam for attention that SDPA cannot express
         (attention sinks, logit soft-capping): a family's attention overrides it."""
         mask = tables.mask(self.spec.span, self.spec.chunk)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.spec.scale,
-                                              enable_gqa=self.spec.n_kv != self.spec.n_head)
+        return sdpa(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.spec.scale,
+                    enable_gqa=self.spec.n_kv != self.spec.n_head)
+
+
+def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **kw) -> torch.Tensor:
+    """SDPA of q, k [B, H, T, key_dim] over v [B, KV, T, value_dim] -> [B, H, T, value_dim]. A value
+    head narrower than the key's (latent attention's 128 beside 192) is padded with zeros to it and
+    the output cut back: SDPA's fused kernels take one head size, and its math kernel, which takes
+    two, holds the [B, H, T, T] scores (2.45 float32 score tensors measured on the CPU)."""
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = F.pad(v, (0, q.shape[-1] - dv))                                   # [B, KV, T, key_dim]
+    return F.scaled_dot_product_attention(q, k, v, scale=scale, **kw)[..., :dv]
 
 
 class BlockwiseAttention(Attention):

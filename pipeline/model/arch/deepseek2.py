@@ -77,7 +77,8 @@ class LatentAttention(Attention):
 
 class Deepseek2(DecoderArch):
     fused_gate_up_experts = True   # Mistral 4's converter writes ffn_gate_up_exps; llama.cpp loads either
-    numerics = 2                   # 2: YaRN's mscale read as 1 for mistral4 files, as llama.cpp reads it
+    numerics = 3                   # 2: YaRN's mscale read as 1 for mistral4 files, as llama.cpp reads it; 3: SDPA's
+    #                                fused kernel over the values padded to the keys' size (blocks.sdpa)
     honours = frozenset({Keys.Attention.Q_LORA_RANK, Keys.Attention.KV_LORA_RANK, Keys.LLM.EXPERT_WEIGHTS_NORM,
                          Keys.LLM.EXPERT_WEIGHTS_SCALE, Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.LEADING_DENSE_BLOCK_COUNT,
                          Keys.Rope.SCALING_YARN_LOG_MUL})
@@ -118,6 +119,14 @@ class Deepseek2(DecoderArch):
 
     def layer_spec(self, i: int) -> LayerSpec:
         return LayerSpec(i, "latent_attention", self.ffn_kind(i), self.attention_spec(i))
+
+    def activation_floats(self, i: int) -> int:
+        """DecoderArch's, and on a latent-attention layer its keys and values decompressed per head,
+        the values padded to the keys' size (blocks.sdpa): two key heads a head (measured at hidden
+        2048: 0.89 of the peak without them)."""
+        a = self.specs[i].attention
+        return super().activation_floats(i) + (2 * a.n_head * a.key_dim if self.specs[i].mixer == "latent_attention"
+                                               else 0)
 
     def attention_spec(self, i: int) -> AttentionSpec:
         n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))

@@ -20,7 +20,7 @@ from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
 
-from .blocks import SCORE_BLOCK_BYTES, layer_norm
+from .blocks import SCORE_BLOCK_BYTES, layer_norm, sdpa
 from .deepseek2 import Deepseek2, LatentAttention
 from .family import LayerSpec
 from .loading import BlockTensors
@@ -46,7 +46,7 @@ class SparseLatentAttention(LatentAttention):
 
     def attend_selected(self, q, k, v, selected: torch.Tensor) -> torch.Tensor:
         """Attention of each query over its selected keys, selected [B, T, T] bool."""
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=selected[:, None], scale=self.spec.scale)
+        return sdpa(q, k, v, attn_mask=selected[:, None], scale=self.spec.scale)
 
     def select(self, x: torch.Tensor, q_a: torch.Tensor, tables) -> torch.Tensor:
         """The keys each query attends to, [B, T queries, T keys] bool: its `top_k` of highest
@@ -88,15 +88,16 @@ class SparseLatentAttention(LatentAttention):
 
 
 class Deepseek32(Deepseek2):
-    blockwise_scores = True    # the indexer's scores, a block of queries at a time
     float32_tensors = Deepseek2.float32_tensors + ("indexer.attn_q_b.weight", "indexer.attn_k.weight",
                                                    "indexer.k_norm.bias", "indexer.proj.weight")
     honours = Deepseek2.honours | {Keys.Attention.Indexer.HEAD_COUNT, Keys.Attention.Indexer.KEY_LENGTH,
                                    Keys.Attention.Indexer.TOP_K}
 
     def attention_score_bytes(self, batch: int, ctx: int, n_head: int, device: str) -> int:
-        """Deepseek2's, and each query's selection of keys, [batch, ctx, ctx] bool."""
-        return super().attention_score_bytes(batch, ctx, n_head, device) + batch * ctx * ctx
+        """The indexer's float32 scores of a block of queries, its heads' and their sum (at most
+        SCORE_BLOCK_BYTES), and each query's selection of keys, [batch, ctx, ctx] bool, SDPA's mask."""
+        heads = int(self.key(Keys.Attention.Indexer.HEAD_COUNT))
+        return min(2 * 4 * batch * heads * ctx * ctx, SCORE_BLOCK_BYTES) + batch * ctx * ctx
 
     def mixer(self, spec: LayerSpec, t: BlockTensors, cls=SparseLatentAttention) -> nn.Module:
         latent = Deepseek2.mixer(self, spec, t)

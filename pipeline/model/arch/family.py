@@ -247,18 +247,14 @@ class DecoderArch:
         sliding window and chunked) and its flash and memory-efficient ones on CUDA never hold the
         [batch, heads, ctx, ctx] scores; a boolean mask is kept (masked_layers); on CUDA a mask with
         grouped-query heads sends SDPA to its math kernel, which holds the scores, the masked scores
-        and their softmax, three float32 score tensors; on the CPU a value head size other than the
-        key's does so too. A family whose attention forms its scores itself (`blockwise_scores`)
-        holds a block of queries' float32 scores on every device."""
+        and their softmax, three float32 score tensors (a value head size other than the key's does
+        not: blocks.sdpa pads it). A family whose attention forms its scores itself
+        (`blockwise_scores`) holds a block of queries' float32 scores on every device."""
         masked = self.masked_layers(ctx)
         extra = ctx * ctx if masked else 0
         if self.blockwise_scores:
             extra += blockwise_score_bytes(batch, ctx, n_head)
         elif device.startswith("cuda") and any(a.n_kv != a.n_head for a in masked):
-            extra += 3 * 4 * batch * n_head * ctx * ctx
-        if device == "cpu" and any(s.attention and s.attention.key_dim != s.attention.value_dim for s in self.specs):
-            # SDPA's CPU kernel takes no value head size other than the key's (latent attention: 192
-            # and 128): its math kernel holds the scores, 2.45 float32 score tensors measured
             extra += 3 * 4 * batch * n_head * ctx * ctx
         return extra
 

@@ -32,6 +32,8 @@ class Mimo2Layer(PreNormLayer):
 class Mimo2(DecoderArch):
     neox_rope = True
     expert_gating = "sigmoid"
+    numerics = 2               # 2: the layers without sinks through SDPA's fused kernel (blocks.sdpa: values of
+    #                            another head size than the keys')
     blockwise_scores = True    # the sinks are computed outside SDPA
     float32_tensors = FLOAT32_TENSORS + ("attn_sinks.weight",)
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN,
