@@ -27,11 +27,11 @@ from pipeline.model.arch import load_architecture
 from pipeline.model.executor import WindowExecutor
 from pipeline.model.process import trim
 from pipeline.store.timing import peak_rss_mb, reset_peak_rss
-layers, contexts, peaks = int(sys.argv[1]), [int(c) for c in sys.argv[2].split(",")], {}
-for path in sys.argv[3:]:
+B, layers, contexts, peaks = int(sys.argv[1]), int(sys.argv[2]), [int(c) for c in sys.argv[3].split(",")], {}
+for path in sys.argv[4:]:
     arch = load_architecture(GGUFIndex(path))
     window = WindowExecutor(arch, 0, layers or arch.hp.n_layers, "cpu", torch.float32)
-    batch = lambda T: (torch.randn(%d, T, arch.boundary_width(0)), torch.randint(1, 1000, (%d, T)))
+    batch = lambda T: (torch.randn(B, T, arch.boundary_width(0)), torch.randint(1, 1000, (B, T)))
     window(*batch(64)[:1], ids=batch(64)[1])
     for ctx in contexts:
         x, ids = batch(ctx)
@@ -42,16 +42,16 @@ for path in sys.argv[3:]:
         del x, y
     window.release()
 print(json.dumps([[p, c, v] for (p, c), v in peaks.items()]))
-""" % (BATCH, BATCH)
+"""
 # the synthetic families' tiny shapes (test_bench.py) 8 times as wide (hidden 2048, heads of the same
-# size), their feed-forward blocks 4 times (as wide as the hidden state: a smaller file to write)
+# size, feed-forward blocks as much wider)
 WIDER = {"hidden": 8, "heads": 8, "kv_heads": 8, "ssm_heads": 8, "q_lora_rank": 8, "kv_lora_rank": 8,
-         "per_layer_dim": 8, "ffn": 4, "expert_ffn": 4, "shared_ffn": 4}
+         "per_layer_dim": 8, "ffn": 8, "expert_ffn": 8, "shared_ffn": 8}
 
 
 def measured_peaks(paths: list, layers: int, contexts: list[int]) -> dict:
     """{(path, ctx): peak bytes} of a window of the first `layers` layers (0: all) of each model."""
-    done = subprocess.run([sys.executable, "-c", MEASURE, str(layers), ",".join(map(str, contexts)),
+    done = subprocess.run([sys.executable, "-c", MEASURE, str(BATCH), str(layers), ",".join(map(str, contexts)),
                            *map(str, paths)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
     assert done.returncode == 0, done.stderr
@@ -73,10 +73,10 @@ def test_counted_activations_bound_the_measured_peak_within_half_again(name, mod
 
 
 def test_every_synthetic_family_at_real_width_is_counted_within_twice_its_peak(tmp_path, model_path):
-    """Measured (MiB, ctx 512, batch 4): llama 119 counted 144, qwen3moe 100 / 113, nemotron_h_moe
-    286 / 350, deepseek2 440 / 545 (SDPA's math kernel under latent attention's two head sizes),
-    deepseek32 445 / 802, kimi-linear 438 / 673, gemma4 211 / 240, minimax-m3 265 / 448, gpt-oss
-    296 / 401, llama4 119 / 144, qwen3next 200 / 274, qwen4exp 611 / 661, deepseek4 371 / 630."""
+    """Measured (MiB, ctx 512, batch 4: peak / counted): llama 119 / 144, qwen3moe 97 / 113,
+    nemotron_h_moe 279 / 350, deepseek2 177 / 209, deepseek32 177 / 242, kimi-linear 432 / 481,
+    gemma4 203 / 240, minimax-m3 258 / 448, gpt-oss 292 / 401, llama4 112 / 144, qwen3next
+    199 / 274, qwen4exp 609 / 661, deepseek4 369 / 630."""
     from pipeline.tools.architectures import PREFLIGHT_MEASURED
     from pipeline.tools.synthetic import Shape, write_synthetic_gguf
 
