@@ -356,12 +356,14 @@ class LayerWindow(PlacedTask):
         from ..model.sliced import SlicedLayer
         from ..store.arrays import ChunkedArray
 
+        gguf = self.spec().gguf
+        arch = load_architecture(gguf)
+
         def layer() -> SlicedLayer:
             if not loaded:
-                loaded.append(SlicedLayer(load_architecture(self.spec().gguf), self.first, device, dtype, slices))
+                loaded.append(SlicedLayer(arch, self.first, device, dtype, slices))
             return loaded[0]
 
-        gguf, arch = self.spec().gguf, load_architecture(self.spec().gguf)
         n, ctx, _ = source.array.shape
         H = layer().hidden                              # the experts' width; a boundary may carry more
 
