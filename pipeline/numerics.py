@@ -9,7 +9,8 @@ moves the Score task's figures alone (the LM head, log-softmax, KL statistics): 
 renamed, the trunk's boundaries kept. Code that moves no number
 (refactors, messages, speed at equal bits) raises nothing, and old run roots stay usable.
 """
-VERSION = 2  # 2: the llama-cpp method reads a corpus without its last newline
+VERSION = 3  # 2: the llama-cpp method reads a corpus without its last newline; 3: a text read with its CRs,
+#   multiple choice right wherever an answer is labelled 1
 SCORING = 2  # 2: a 16-bit head multiplies the normed state rounded to its dtype
 
 

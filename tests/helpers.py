@@ -1,5 +1,6 @@
 """Helpers shared by the test files: the shipped data, running a pass in-process or through the
 `luigi` command, and what a one-line refusal looks like."""
+import contextlib
 import hashlib
 import json
 import socket
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import luigi
+import pytest
 import torch
 
 from pipeline.paths import CORPORA, REPO_ROOT
@@ -89,3 +91,17 @@ def hidden_after(path, slices: int, dtype=torch.float32) -> torch.Tensor:
         return window(arch.embed(ids, "cpu", torch.float32), ids=ids)
     finally:
         window.release()
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str):
+    """A tmpfs of `size` (`4m`) mounted at `path` while the block runs; the test is skipped where
+    this machine cannot mount one."""
+    path.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)])

@@ -2,16 +2,14 @@
 import errno
 import fcntl
 import shutil
-import subprocess
 
 import luigi
-import pytest
 from gguf import GGMLQuantizationType
 
 from pipeline import LayerWindow, Tokenize
 from pipeline.store.arrays import ChunkedArray
 
-from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline, tree_digest
+from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline, small_disk, tree_digest
 from .tiny_gguf import write_tiny_gguf
 
 SMALL = ["--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "128", "--chunks", "4", "--window-layers", "10",
@@ -135,13 +133,7 @@ def test_full_disk_mid_pass_keeps_completed_chunks_and_resumes(tmp_path, monkeyp
 
 
 def test_pass_larger_than_the_disk_is_refused(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a small tmpfs here")
-    try:
+    with small_disk(tmp_path / "small", "4m") as mnt:
         done = luigi_cli("--task", "wikitext-2", "--corpus", str(HEAD40K), "--ctx", "512", "--chunks", "8",
                          run_root=mnt / "runs")
         assert_one_line_error(done, "GiB are free")
-    finally:
-        subprocess.run(["umount", str(mnt)])

@@ -118,7 +118,9 @@ def test_a_budget_below_one_expert_is_refused_naming_the_smallest_that_runs(tmp_
 def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slices(tmp_path, big_experts):
     """Slices outside, chunks inside: over 4 chunks each sliced window reads its layer's bytes of
     the file once (not once per chunk); killed in its second slice, the rerun computes the
-    missing chunks of that slice only and gives the held layer's numbers bit for bit."""
+    missing chunks of that slice only; the next window, killed while it removes its slices'
+    arrays once its boundary is whole, computes and reads nothing more when run again; the
+    numbers are the held layer's bit for bit."""
     import os
     import subprocess
     import sys
@@ -139,6 +141,14 @@ def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slic
     (partial,) = (tmp_path / "sliced" / "LayerWindow").glob("*.partial")
     assert (partial / "experts-0.done").exists() and not (partial / "experts-1.done").exists()
 
+    # the rerun completes that window; killed in the next once its boundary is whole, while its
+    # slices' arrays and marks are removed
+    killed = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                            env={**os.environ, "LAYERCYCLE_FAULT": "staged-removed@LayerWindow [1..2)#1"})
+    assert killed.returncode < 0, killed.stderr
+    (partial,) = (tmp_path / "sliced" / "LayerWindow").glob("*.partial")
+    assert (partial / "experts-1.done").exists() and not (partial / "staged.zarr").exists()
+
     done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     sliced = json.loads((tmp_path / "sliced.json").read_text())
@@ -150,6 +160,6 @@ def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slic
         file_bytes = sum(t.n_bytes for t in gguf.layer_tensors(layer))
         if layer == 0:   # resumed: the second slice and the rest of the layer only, 2 of 4 chunks of that slice
             assert manifest["chunks_computed"] == 4 and file_bytes / 2 < manifest["weight_file_bytes_read"] < file_bytes
-        else:
-            assert manifest["weight_file_bytes_read"] == file_bytes
+        else:            # resumed with its boundary whole: nothing computed or read again
+            assert manifest["chunks_computed"] == 0 and manifest["weight_file_bytes_read"] == 0
         assert not list(window.glob("experts-*")) and not (window / "staged.zarr").exists()

@@ -76,6 +76,21 @@ def test_read_tasks_keeps_lines_as_getline_does():
                          "is holding a rubik's cube.", "starts pulling up roofing on a roof."])
 
 
+def test_a_file_is_read_as_llama_perplexity_reads_it(tmp_path):
+    """As llama-perplexity reads -f: its final newline dropped (a file ending in a blank line holds
+    whole tasks) and CRs kept (CRLF line ends: each line ends in a CR)."""
+    from pipeline.run.evaltask import load_eval_task
+    from pipeline.run.modes.hellaswag import HellaSwag
+
+    task, path = load_eval_task("hellaswag"), tmp_path / "h.txt"
+    path.write_bytes(b"A man sits. He\n0\nstands up.\nsits down.\nlies down.\nleaves.\n\n")
+    assert read_tasks(*HellaSwag().content(task, str(path))) == [
+        ("A man sits. He", 0, ["stands up.", "sits down.", "lies down.", "leaves."])]
+    path.write_bytes(b"A man sits. He\r\n1\r\nstands up.\r\nsits down.\r\nlies down.\r\nleaves.\r\n")
+    assert read_tasks(*HellaSwag().content(task, str(path))) == [
+        ("A man sits. He\r", 1, ["stands up.\r", "sits down.\r", "lies down.\r", "leaves.\r"])]
+
+
 def test_plan_scores_what_the_endings_do_not_share():
     from pipeline.gguf_io.reader import open_gguf
     from pipeline.gguf_io.tokenizer import load_tokenizer

@@ -63,6 +63,36 @@ def test_requantized_copy_matches_a_float64_computation(requantized, model_path,
     assert r["kld"]["same_top"] == pytest.approx(same, abs=2 / kld.numel())
 
 
-def test_base_with_another_tokenizer_is_refused(tmp_path):
+def test_a_base_over_token_ids_must_have_the_model_s_vocabulary(tmp_path, model_path):
+    """Over --tokens-file ids no tokenizer is compared, but the vocabulary still is: a base of
+    another size, or of the same size with other token strings, is refused in one line."""
+    from pipeline import PerplexityRun
+    from pipeline.errors import UserError
+    from pipeline.gguf_io.reader import GGUFIndex
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(map(str, range(1, 200))))
+    smol = model_path("smollm2-135m")
+    tokens = GGUFIndex(smol).strings("tokenizer.ggml.tokens")
+    renamed = rewrite_gguf(smol, tmp_path / "renamed.gguf",
+                           metadata={"tokenizer.ggml.tokens": tokens[:100] + ["renamed"] + tokens[101:]})
+    for base, message in ((model_path("qwen2.5-0.5b"), "its vocabulary has 151,936 tokens, the model's 49,152"),
+                          (renamed, "its tokens differ from the model's")):
+        run = PerplexityRun(device="cpu", tokens_file=str(ids), kl_base=str(base), ctx=CTX, chunks=1,
+                            run_root=str(tmp_path / "runs"))
+        with pytest.raises(UserError, match=message):
+            run.score_tasks(check_memory=False)
+
+
+def test_base_with_another_tokenizer_is_refused(tmp_path, model_path):
+    """Another vocabulary (Gemma-3's 262,144 tokens), through the command; the same tokens under
+    another pre-tokenizer, before any work."""
+    from pipeline import PerplexityRun
+    from pipeline.errors import UserError
+
     done = luigi_cli("--kl-base", "gemma3-270m", "--ctx", str(CTX), "--chunks", "2", run_root=tmp_path)
-    assert_one_line_error(done, "its tokenizer differs")
+    assert_one_line_error(done, "its vocabulary has 262,144 tokens, the model's 49,152")
+    other = rewrite_gguf(model_path("smollm2-135m"), tmp_path / "pre.gguf", metadata={"tokenizer.ggml.pre": "qwen2"})
+    run = PerplexityRun(device="cpu", kl_base=str(other), ctx=CTX, chunks=2, run_root=str(tmp_path / "runs"))
+    with pytest.raises(UserError, match="its tokenizer differs from the model's"):
+        run.score_tasks(check_memory=False)

@@ -11,7 +11,7 @@ import torch
 from pipeline.model import kld, scoring
 from pipeline.run.logits_file import LogitsHeader, read_header, read_tokens
 
-from .helpers import HEAD40K, assert_one_line_error, luigi_cli
+from .helpers import HEAD40K, assert_one_line_error, luigi_cli, small_disk
 
 # llama-perplexity -m SmolLM2-135M-Instruct.Q4_1.gguf -f wikitext-2-test.head40k.txt -c 8 --chunks 1 -t 2
 # -fa off -ctk f32 -ctv f32 --kl-divergence-base FILE (tests/data/llama-perplexity.md): its file, and the
@@ -156,3 +156,38 @@ def test_base_out_resumes_after_a_kill(tmp_path):
     done = run("cut", "cut.kld")
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "cut.kld").read_bytes() == (tmp_path / "whole.kld").read_bytes()
+
+
+def test_the_disk_preflight_counts_kl_scores_and_both_copies_of_a_base_out(tmp_path, monkeypatch):
+    """Against a KL base a position's figures take 5 float64 (40 bytes, not 8); --kl-base-out
+    keeps its rows in the Score outputs and assembles the file from them: on the run root's disk
+    both count, refused in one line before any work where they do not fit."""
+    from pipeline import PerplexityRun
+    from pipeline.errors import UserError
+    from pipeline.store import outputs
+
+    common = dict(device="cpu", task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4, run_root=str(tmp_path))
+    file_bytes = LogitsHeader(64, 49152, 4).size()
+    for params, need in ((dict(), 8 * 4 * 64), (dict(kl_base="smollm2-135m"), 40 * 4 * 64),
+                         (dict(kl_base="smollm2-135m", kl_base_out=str(tmp_path / "base.kld")),
+                          40 * 4 * 64 + 2 * file_bytes)):
+        run = PerplexityRun(**common, **params)
+        monkeypatch.setattr(outputs, "free_bytes", lambda path, free=need: free)
+        run.check_score_disk()
+        monkeypatch.setattr(outputs, "free_bytes", lambda path, free=need - 1: free)
+        with pytest.raises(UserError, match=r"the run's scores.* need about .* GiB under .* GiB are free"):
+            run.check_score_disk()
+
+
+def test_a_base_out_that_fills_the_disk_is_one_line_and_leaves_nothing(tmp_path):
+    from pipeline.errors import UserError
+    from pipeline.run.logits_file import write_file
+
+    with small_disk(tmp_path / "small", "1m") as small:
+        header = LogitsHeader(64, 49152, 1)
+        part = tmp_path / "0.bin"
+        part.write_bytes(b"\0" * (2 * header.row_width * header.rows_per_chunk))     # 1.5 MiB of rows
+        with pytest.raises(UserError, match=r"cannot write .*base.kld: No space left on device; the run's "
+                                            r"outputs are kept"):
+            write_file(small / "base.kld", header, np.zeros(64, np.int32), [part])
+        assert not list(small.iterdir())

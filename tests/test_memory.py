@@ -22,6 +22,22 @@ def test_largest_fitting_window_looks_at_every_position():
     assert preflight.largest_fitting_window(per_layer, fixed=1, budget=5) == 0   # the 5 never fits
 
 
+def test_a_cgroup_leaves_its_limit_less_what_is_charged_but_inactive_page_cache(monkeypatch, tmp_path):
+    """Read-ahead fills the page cache on purpose and the cgroup is charged for it; the kernel
+    reclaims inactive file pages before an allocation fails, so a rerun is not refused for them."""
+    from pipeline.run import preflight
+
+    (tmp_path / "memory.max").write_text("8589934592\n")                  # 8 GiB
+    (tmp_path / "memory.current").write_text(f"{7 * 2**30}\n")            # 7 GiB charged ...
+    (tmp_path / "memory.stat").write_text(f"anon {2 * 2**30}\nfile {5 * 2**30}\nactive_file {2**30}\n"
+                                          f"inactive_file {4 * 2**30}\n")   # ... 4 of them inactive cache
+    monkeypatch.setattr(preflight, "CGROUP", tmp_path)
+    assert preflight.cgroup_free() == 5 * 2**30
+    assert preflight.available_bytes("cpu") <= 5 * 2**30               # MemAvailable capped by it
+    (tmp_path / "memory.max").write_text("max\n")                          # no limit
+    assert preflight.cgroup_free() is None and preflight.cgroup_limit() is None
+
+
 def test_refusal_names_the_need_and_the_window_that_fits():
     windows = [Window("cpu", 0, 4)]
     with pytest.raises(UserError, match=r"need about 4\.5 GiB .* but 3\.0 GiB are available; --window-layers 2 fits"):

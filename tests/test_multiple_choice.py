@@ -27,11 +27,27 @@ def test_file_layout_as_llama_perplexity_reads_it():
 @pytest.mark.parametrize("cut,match", [
     (lambda d: d[:-3], "runs past the end|ends at byte"),
     (lambda d: struct.pack("<I", 0), "no tasks"),
-    (lambda d: write_tasks([("q?", ["a", "b"], [0, 0])]), "no right answer"),
+    (lambda d: write_tasks([("q?", ["a", ""], [0, 1])]), "an empty question or answer"),
 ])
 def test_malformed_files_are_refused(cut, match):
     with pytest.raises(UserError, match=match):
         read_tasks(cut(write_tasks(TASKS)), "f.bin")
+
+
+def test_every_answer_labelled_1_is_right_and_a_task_with_none_is_counted():
+    """llama-perplexity counts the choice right where its label is 1 (`mc1.labels[max_idx] == 1`),
+    however many answers are; a task with none is scored and never right."""
+    from pipeline.run.modes.multiple_choice import MultipleChoice
+
+    tasks = [("Which are fruits?", ["stone", "apple", "pear"], [0, 1, 1]), ("Which is a colour?", ["x", "y"], [0, 0])]
+    assert read_tasks(write_tasks(tasks), "f.bin") == tasks
+    mode, encode = MultipleChoice(), lambda text: [1, *text.encode()]
+    golds = [{"index": i, "gold": mode.tokenize(i, t, encode).gold} for i, t in enumerate(tasks)]
+    assert [g["gold"] for g in golds] == [(1, 2), ()]
+    picks = {"apple": [-3.0, -1.0, -2.0], "pear": [-3.0, -2.0, -1.0], "stone": [-1.0, -2.0, -3.0]}
+    for pick, right in (("apple", 1), ("pear", 1), ("stone", 0)):
+        result = mode.score_tasks(golds, [picks[pick], [-1.0, -2.0]])
+        assert result["accuracy"] == pytest.approx(100 * right / 2)
 
 
 # llama-perplexity -m SmolLM2-135M-Instruct.Q4_1.gguf -bf ARC_CHALLENGE_FIRST_TASKS.bin --multiple-choice

@@ -88,6 +88,43 @@ def test_a_lock_of_a_dead_process_on_this_host_is_taken_over(s3):
             pass
 
 
+def test_a_lock_is_a_lease_renewed_while_held_and_taken_over_once_it_ends(s3, monkeypatch):
+    """A host that died leaves its lock: once its lease has ended the next writer takes it over,
+    naming the old holder in one line; a live holder renews its lease, so it is never taken."""
+    import threading
+
+    monkeypatch.setattr(outputs, "LEASE_S", 0.6)
+    out = location(f"{s3}/leases/Embed/0123")
+    lock = out.parent.parent / ".locks" / "Embed.0123.lock"
+    lock.write_text(json.dumps({"host": "gone-host", "pid": 1, "since": 0, "expires": time.time() + 1.5}))
+    with pytest.raises(UserError, match="already running"):          # its lease still runs
+        with outputs.locked(out, "Embed"):
+            pass
+    said = []
+    monkeypatch.setattr(outputs.log, "warning", said.append)
+    started = time.monotonic()
+    with outputs.locked(out, "Embed", wait=True):                    # waits for the lease to end
+        assert 1.0 < time.monotonic() - started < 1.5 + 2 * outputs.POLL_S + 1
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+        taken = [line for line in said if "taking its task over" in line]
+        assert len(taken) == 1 and "the lease of gone-host pid 1 ended" in taken[0]
+        refused = []
+
+        def another_writer():
+            for _ in range(6):                                       # 1.8 s: three leases' length
+                try:
+                    with outputs.locked(out, "Embed"):
+                        refused.append(False)
+                except UserError:
+                    refused.append(True)
+                time.sleep(0.3)
+        other = threading.Thread(target=another_writer)
+        other.start()
+        other.join()
+        assert refused == [True] * 6                                 # renewed, never taken
+    assert not lock.exists()
+
+
 def test_data_being_read_is_not_removed(s3):
     out = location(f"{s3}/readers/LayerWindow/abcd")
     (out / "boundary.zarr").mkdir(parents=True, exist_ok=True)

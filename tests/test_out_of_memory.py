@@ -1,10 +1,11 @@
 """A device that runs out of memory mid-pass (the CPU standing in, with torch's CUDA
-out-of-memory error raised in the second chunk) ends the task with one line; the rerun keeps
-the chunk computed before it and gives the result of an uninterrupted pass."""
+out-of-memory error raised in the second chunk) ends the run with one line, the failure
+recorded beside the window's output; the rerun keeps the chunk computed before it and gives
+the result of an uninterrupted pass."""
 import luigi
 import torch
 
-from pipeline import LayerWindow, PerplexityRun
+from pipeline import PerplexityRun
 from pipeline.errors import UserError
 from pipeline.model.executor import WindowExecutor
 from pipeline.store import outputs
@@ -27,7 +28,7 @@ def test_out_of_memory_mid_pass_is_one_line_and_keeps_the_chunks(tmp_path, monke
         return whole(self, hidden, **inputs)
     monkeypatch.setattr(WindowExecutor, "__call__", second_chunk_runs_out)
     failures = []
-    handlers = luigi.Task._event_callbacks.setdefault(LayerWindow, {}).setdefault(luigi.Event.FAILURE, set())
+    handlers = luigi.Task._event_callbacks.setdefault(PerplexityRun, {}).setdefault(luigi.Event.FAILURE, set())
     record = lambda task, error: failures.append(error)  # noqa: E731
     handlers.add(record)
     try:
@@ -39,6 +40,8 @@ def test_out_of_memory_mid_pass_is_one_line_and_keeps_the_chunks(tmp_path, monke
     (error,) = failures
     assert isinstance(error, UserError) and "\n" not in str(error)
     assert str(error).startswith("LayerWindow [0..30) cpu: the device ran out of memory (CUDA out of memory. ")
+    (recorded,) = (root / "LayerWindow").glob("*.failed.json")      # the window's failure, beside its output
+    assert str(error) in recorded.read_text()
     (partial,) = (root / "LayerWindow").glob("*.partial")
     assert (partial / "journal.log").read_text().splitlines() == ["computing 0", "wrote 0", "computing 1"]
 

@@ -134,3 +134,31 @@ def test_the_first_record_stands_where_the_file_system_has_no_hard_links(monkeyp
     assert outputs.record_once(path, {"placement": "cpu:0:15,cpu:15:30"}) == {"placement": "cpu:0:15,cpu:15:30"}
     assert outputs.record_once(path, {"placement": "cpu:0:30"}) == {"placement": "cpu:0:15,cpu:15:30"}
     assert sorted(p.name for p in path.parent.iterdir()) == ["a.json"]   # no temporary file left
+
+
+def test_writers_of_one_record_never_share_a_temporary_file(tmp_path):
+    """Hosts starting one sweep write its .sweeps record at once: each writer's temporary file is
+    its own, so every write lands whole and none fails."""
+    import json
+    import threading
+
+    from pipeline.store import outputs
+
+    path, failures = tmp_path / ".sweeps" / "digest.json", []
+    path.parent.mkdir()
+
+    def writer(k: int) -> None:
+        try:
+            for n in range(40):
+                outputs.write_json(path, {"writer": k, "runs": list(range(n * 50))})
+        except OSError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert json.loads(path.read_text())["runs"] == list(range(39 * 50))
+    assert sorted(p.name for p in path.parent.iterdir()) == ["digest.json"]

@@ -55,3 +55,24 @@ def test_consumed_boundaries_are_removed_unless_kept(tmp_path):
     kept = run_pipeline(tmp_path / "b", keep_boundaries=True, **params)
     assert len(list((tmp_path / "b").rglob("boundary.zarr"))) == 4  # Embed + 3 windows
     assert kept["mean_nll"] == first["mean_nll"]
+
+
+def test_a_resumed_task_counts_the_time_of_every_attempt(tmp_path):
+    """A task killed and run again reports the compute of both attempts: the earlier one from
+    its start to its journal's last line (its last chunk); the record is gone once complete."""
+    import os
+    import time
+
+    out = tmp_path / "LayerWindow" / "0123"
+    work = outputs.begin(out, {})
+    assert outputs.earlier_attempts(work) == (0.0, 0)                  # the first attempt begins
+    started = json.loads((work / outputs.ATTEMPTS).read_text())["started"]
+    (work / "journal.log").write_text("computing 0\nwrote 0\n")
+    os.utime(work / "journal.log", (started + 40, started + 40))     # its last chunk 40 s in, then killed
+    seconds, count = outputs.earlier_attempts(outputs.begin(out, {}))
+    assert (round(seconds, 6), count) == (40.0, 1)
+    os.utime(work / "journal.log", (time.time() + 25, time.time() + 25))
+    seconds, count = outputs.earlier_attempts(outputs.begin(out, {}))  # a third: 40 s and about 25 more
+    assert count == 2 and 64 < seconds < 67
+    outputs.commit(out, {"elapsed_s": seconds})
+    assert sorted(p.name for p in out.iterdir()) == ["journal.log", "manifest.json", "params.json"]

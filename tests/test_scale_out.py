@@ -84,3 +84,18 @@ def test_tasks_placed_on_cuda_hold_a_gpu_resource():
     assert LayerWindow(placement=placement, first=4, last=30).resources == {}
     assert Score(placement="cpu:0:26,cuda:26:30").resources == {"gpu": 1}
     assert Embed(placement=placement).resources == {}
+
+
+def test_more_shards_than_chunks_is_refused_before_any_work(tmp_path):
+    """A shard takes whole Zarr chunks of sequences: two sequences in one chunk make one shard."""
+    from pipeline import PerplexityRun
+    from pipeline.errors import UserError
+
+    from .helpers import HEAD40K
+
+    run = PerplexityRun(device="cpu", task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=2, shards=3,
+                        run_root=str(tmp_path))
+    with pytest.raises(UserError, match=r"--shards 3: the corpus gives 2 sequences, 1 Zarr chunk of "
+                                        r"--sequences-per-chunk 4, .* give at most --shards 1"):
+        run.score_tasks(check_memory=False)
+    assert not list(tmp_path.iterdir())

@@ -125,6 +125,34 @@ def test_long_tasks_report_progress_through_luigi(tmp_path, monkeypatch):
     assert "; pass 30.0/30 layers, " in messages["LayerWindow"][-1] and messages["LayerWindow"][-1].endswith("0s left")
 
 
+def test_a_window_counts_the_sweep_s_runs_without_a_request_per_chunk(tmp_path, monkeypatch):
+    """The runs of a sweep still to come: a run found done is not looked at again, the others
+    at most every RECOUNT_S seconds (on S3 each look is a HEAD request a run)."""
+    import luigi
+
+    from pipeline import PerplexityRun
+    from pipeline.flow import trunk
+    from pipeline.flow.output_task import under_root
+    from pipeline.flow.sweep import record_runs
+    from pipeline.store import outputs
+
+    score = PerplexityRun(device="cpu", run_root=str(tmp_path), ctx=64, chunks=1).score_tasks(check_memory=False)[0]
+    window = next(t for t in luigi.task.flatten(score.requires()) if isinstance(t, LayerWindow))
+    record_runs(tmp_path, "grid.toml", [{"scores": ["Score/a"], "outputs": [under_root(tmp_path, window)]},
+                                        {"scores": ["Score/b"], "outputs": []}, {"scores": ["Score/c"], "outputs": []}])
+    looked, complete = [], {"Score/c"}
+    monkeypatch.setattr(outputs, "is_complete",
+                        lambda out: looked.append(out.name) or f"Score/{out.name}" in complete)
+    now = [100.0]
+    monkeypatch.setattr(trunk.time, "monotonic", lambda: now[0])
+    assert [window.pass_position()[3] for _ in range(50)] == [1] * 50        # b to come; c done
+    assert sorted(looked) == ["a", "b", "c"]                                 # one look, not 50
+    complete.add("Score/b")
+    now[0] += trunk.RECOUNT_S
+    assert window.pass_position()[3] == 0
+    assert sorted(looked) == ["a", "a", "b", "b", "c"]                       # c, found done, not again
+
+
 def test_the_pass_line_estimates_the_pass_and_the_sweep():
     from pipeline.flow.console import duration, pass_line
 

@@ -10,7 +10,7 @@ from pipeline.gguf_io.tokenizer import load_tokenizer
 
 from .helpers import HEAD40K, REFERENCE, REFERENCE_NAMES
 from .tiny_gguf import rewrite_gguf
-from .token_dumps import PRE_TEXT, gemma4_vocab, qwen_vocab
+from .token_dumps import PRE_TEXT, READ_AS_LLAMA, gemma4_vocab, qwen_vocab, read_as_llama_dump
 
 # llama-tokenize over the whole head40k file, BOS included where the model adds one
 HEAD40K_COUNTS = {"smollm2-135m": 9471, "gemma3-270m": 9226, "qwen2.5-0.5b": 9300}
@@ -120,6 +120,44 @@ def test_a_run_adds_bos_as_llama_cpp_decides(pre, add_bos, bos_id, model_path, t
     spec = resolve_run(str(path), "python-docs", "", "", "", 128, 0, -1, 2, "auto")
     assert (spec.method.bos, spec.bos_id) == (add_bos, bos_id)
     assert (load_tokenizer(GGUFIndex(path)).encode("Hello")[0] == 1) == add_bos   # SmolLM2's BOS is 1
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "qwen2.5-0.5b"])
+@pytest.mark.parametrize("escape", [False, True])
+def test_a_corpus_is_read_byte_for_byte_as_llama_perplexity_reads_it(alias, escape, model_path):
+    """WikiText-2 with CRLF line ends and Python's documentation of string escapes: the llama-cpp
+    method's ids are llama-tokenize's of the file without its final newline (as llama-perplexity
+    reads -f: CRs kept), escapes left as they are (llama-perplexity's default) or processed
+    (--escape, its -e); the stride method reads the file as it is."""
+    from pipeline.run.modes import mode_of
+    from pipeline.run.spec import resolve_run
+
+    model_path(alias)
+    expected = [int(i) for i in read_as_llama_dump(alias, escape).read_text().split()]
+    spec = resolve_run(alias, "wikitext-2", str(READ_AS_LLAMA), "", "llama-cpp", 128, 0, -1, 0, "auto", escape=escape)
+    assert mode_of("llama-cpp").plan(spec).tokens.tolist() == expected
+    if not escape:
+        stride = resolve_run(alias, "wikitext-2", str(READ_AS_LLAMA), "", "stride", 128, 0, -1, 0, "auto")
+        text = READ_AS_LLAMA.read_bytes().decode("utf-8")
+        assert "\r\n" in text and text.count("\\") > 10
+        assert mode_of("stride").plan(stride).tokens.tolist() == load_tokenizer(GGUFIndex(model_path(alias))).encode(
+            text, add_bos=stride.method.bos)
+
+
+def test_escapes_apply_to_text_read_as_llama_perplexity_reads_it_only(tmp_path):
+    from pipeline.run.spec import resolve_run
+
+    for method in ("stride", "multiple-choice"):
+        with pytest.raises(UserError, match=f"--escape applies to .* not to the {method} method"):
+            resolve_run("smollm2-135m", "wikitext-2", str(READ_AS_LLAMA), "", method, 128, 0, -1,
+                        -1 if method == "multiple-choice" else 0, "auto", escape=True)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"text \\xff\\xfe more")               # escapes making bytes that are not UTF-8
+    spec = resolve_run("smollm2-135m", "wikitext-2", str(bad), "", "llama-cpp", 128, 0, -1, 0, "auto", escape=True)
+    from pipeline.run.modes import mode_of
+
+    with pytest.raises(UserError, match="escape sequences make bytes that are not UTF-8"):
+        mode_of("llama-cpp").plan(spec)
 
 
 @pytest.mark.parametrize("method, dropped", [("llama-cpp", True), ("stride", False)])

@@ -70,15 +70,17 @@ def test_task_order_is_llama_perplexity_s():
 
 
 def test_csv_read_as_llama_perplexity_reads_it():
+    from pipeline.run.evaltask import llama_prompt
+
     text = ('index,sentence,option1,option2,answer\n'                      # a header: skipped, as it does
             '0,"A, then _ left.",Tom,Ann,2\n'
             '1,No blank here.,Tom,Ann,1\n'                                 # no _: skipped
             '2,B saw _ go.,Tom,Ann,1\n'
             '3,C saw _ go.,Tom,Ann,1\n')          # the last line: dropped, as llama-perplexity reads -f files
-    assert read_tasks(text, "f.csv") == [("A, then ", " left.", ("Tom", "Ann"), 2),
-                                         ("B saw ", " go.", ("Tom", "Ann"), 1)]
+    assert read_tasks(llama_prompt(text), "f.csv") == [("A, then ", " left.", ("Tom", "Ann"), 2),
+                                                       ("B saw ", " go.", ("Tom", "Ann"), 1)]
     with pytest.raises(UserError, match="no Winogrande task"):
-        read_tasks("x,y\n", "f.csv")
+        read_tasks(llama_prompt("x,y\n"), "f.csv")
 
 
 def test_scores_equal_llama_perplexity(tmp_path):
@@ -97,6 +99,20 @@ def test_scores_equal_llama_perplexity(tmp_path):
     w = json.loads((tmp_path / "r.json").read_text())["winogrande"]
     assert w["tasks"] == 39 and w["accuracy"] == pytest.approx(100 * 19 / 39, rel=1e-6)
     assert "Final Winogrande score" not in done.stdout          # llama-perplexity prints none under 100 tasks
+
+
+def test_a_choice_with_nothing_to_score_is_nan_and_picks_option_2(tmp_path):
+    """Identical options leave no token to score: llama-perplexity's 0 / 0 gives NaN, and NaN >
+    NaN is false, so it picks option 2; the other tasks score as ever."""
+    from .helpers import run_pipeline
+
+    csv = tmp_path / "w.csv"
+    csv.write_text("0,Sarah was better than Maria so _ won.,Sarah,Maria,1\n1,Tom saw _ go.,Ann,Ann,1\n\n")
+    w = run_pipeline(tmp_path / "runs", winogrande=str(csv))["winogrande"]
+    assert w["tasks"] == 2
+    first, same = w["per_task"]
+    assert all(x == x for x in first["logprobs"]) and all(x != x for x in same["logprobs"])   # NaN only there
+    assert same["choice"] == 1 and w["accuracy"] == pytest.approx(100 * (first["choice"] == 0) / 2)
 
 
 @pytest.mark.parametrize("extra,match", [

@@ -151,5 +151,47 @@ def main() -> None:
     MANIFEST.write_text("\n".join(lines) + "\n")
 
 
+# llama-perplexity reads -f as bytes (CRs kept), one final newline dropped, escapes processed only
+# with -e: WikiText-2's opening with CRLF line ends, then Python's documentation of string escapes
+READ_AS_LLAMA = REFERENCE / "corpus.crlf-escapes.txt"
+READ_AS_LLAMA_MODELS = {"smollm2-135m": "smol", "qwen2.5-0.5b": "qwen"}
+
+
+def read_as_llama_text() -> bytes:
+    import pydoc_data.topics
+
+    wikitext = HEAD40K.read_text(encoding="utf-8")[:3000].replace("\n", "\r\n")
+    strings = pydoc_data.topics.topics["strings"]
+    return (wikitext + strings[strings.index("Both string and bytes"):][:4000].replace("\n", "\r\n")
+            + "\r\n").encode("utf-8")
+
+
+def read_as_llama_dump(alias: str, escaped: bool) -> Path:
+    read = "escaped" if escaped else "raw"
+    return REFERENCE / f"llama-tokenize.{READ_AS_LLAMA_MODELS[alias]}.crlf-escapes.{read}.txt"
+
+
+def write_read_as_llama_dumps() -> None:
+    """The sample file, and llama-tokenize's ids of it as llama-perplexity reads it (its final
+    newline dropped), escapes left as they are and processed, for SmolLM2 and Qwen2.5."""
+    from pipeline.gguf_io.registry import fetch_model
+    from pipeline.tools.llamacpp import llama_tool
+
+    binary = llama_tool(LLAMA_CPP_PYTHON, "llama-tokenize")
+    READ_AS_LLAMA.write_bytes(read_as_llama_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        prompt = Path(tmp) / "prompt.txt"
+        prompt.write_bytes(READ_AS_LLAMA.read_bytes().removesuffix(b"\n"))
+        for alias in READ_AS_LLAMA_MODELS:
+            for escaped in (False, True):
+                flags = ["--escape"] if escaped else ["--no-escape"]
+                done = subprocess.run([str(binary), "-m", str(fetch_model(alias)), "-f", str(prompt), "--ids",
+                                       "--no-parse-special", "--log-disable", *flags],
+                                      capture_output=True, text=True, check=True)
+                ids = [int(x) for x in done.stdout.strip().strip("[]").split(", ")]
+                read_as_llama_dump(alias, escaped).write_text("".join(f"{i}\n" for i in ids))
+
+
 if __name__ == "__main__":
     main()
+    write_read_as_llama_dumps()

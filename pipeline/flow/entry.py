@@ -165,17 +165,84 @@ class PerplexityRun(RunTask):
             raise UserError(f"--kl-base {self.kl_base} holds distributions over {held} tokens, the model's "
                             f"vocabulary has {vocab}")
 
-    def score_tasks(self, check_memory: bool = True) -> list:
-        """The Score task of each shard (one unless --shards)."""
+    def check_base_vocabulary(self, base) -> None:
+        """KL-divergence compares distributions over one vocabulary: a base model's tokenizer is the
+        model's (over a text), or at least its tokens are (over --tokens-file ids)."""
+        mine = self.spec()
+        sizes = [s.gguf.metadata[Keys.Tokenizer.LIST].count for s in (base, mine)]
+        if sizes[0] != sizes[1]:
+            raise UserError(f"--kl-base {self.kl_base}: its vocabulary has {sizes[0]:,} tokens, the model's "
+                            f"{sizes[1]:,}; KL-divergence compares distributions over the same vocabulary")
+        if base.tokenizer_id != mine.tokenizer_id or (base.gguf.fingerprint(Keys.Tokenizer.LIST)
+                                                      != mine.gguf.fingerprint(Keys.Tokenizer.LIST)):
+            what = "tokens" if self.tokens_file else "tokenizer"
+            raise UserError(f"--kl-base {self.kl_base}: its {what} differ{'' if self.tokens_file else 's'} from "
+                            f"the model's; KL-divergence compares distributions over the same vocabulary")
+
+    def planned_sequences(self) -> int:
+        """The sequences the run scores: its Tokenize output's count, or the mode's plan."""
+        if "_planned" not in self.__dict__:
+            tokenize = self.clone(Tokenize)
+            if tokenize.complete():
+                self._planned = outputs.read_manifest(tokenize.out_dir())["n_windows"]
+            else:
+                from ..run.modes import mode_of
+
+                self._planned = mode_of(self.spec().method.name).plan(self.spec()).sequences.n_sequences
+        return self._planned
+
+    def check_score_disk(self) -> None:
+        """The Score outputs' figures (float64 per position and field: 1, or 5 against a KL base)
+        and, for --kl-base-out, the rows they keep and the file assembled from them, against the
+        free disk, before any work (the boundaries are counted by the Embed task)."""
+        from ..model.kld import FIELDS
+        from ..run.logits_file import LogitsHeader
+        from ..run.preflight import GiB
+
+        s = self.spec()
+        n = self.planned_sequences()
+        need = 8 * n * s.method.ctx * (len(FIELDS) if self.kl_base else 1)
+        file_bytes = LogitsHeader(s.method.ctx, s.gguf.metadata[Keys.Tokenizer.LIST].count, n).size()
+        need += file_bytes if self.kl_base_out else 0
+        free = outputs.free_bytes(location(self.run_root))
+        if self.kl_base_out:
+            target = outputs.free_bytes(location(self.kl_base_out).parent)
+            if target is not None and free is not None and outputs.same_disk(location(self.run_root),
+                                                                             location(self.kl_base_out)):
+                need += file_bytes
+            elif target is not None and file_bytes > target:
+                raise UserError(f"--kl-base-out {self.kl_base_out} needs {file_bytes / GiB:.2f} GiB but "
+                                f"{target / GiB:.2f} GiB are free there")
+        if free is not None and need > free:
+            what = "scores and --kl-base-out's rows and file" if self.kl_base_out else "scores"
+            raise UserError(f"the run's {what} need about {need / GiB:.2f} GiB under {self.run_root} but "
+                            f"{free / GiB:.2f} GiB are free")
+
+    def check_shards(self) -> None:
+        """A shard takes whole Zarr chunks of sequences: at most as many shards as chunks."""
         if self.shards < 1:
             raise UserError(f"--shards must be >= 1, got {self.shards}")
+        if self.shards == 1:
+            return
+        n = self.planned_sequences()
+        chunks = -(-n // self.sequences_per_chunk)
+        if self.shards > chunks:
+            raise UserError(f"--shards {self.shards}: the corpus gives {n} sequences, {chunks} Zarr chunk"
+                            f"{'s' * (chunks != 1)} of --sequences-per-chunk {self.sequences_per_chunk}, and a "
+                            f"shard takes whole chunks: give at most --shards {chunks} (or a smaller "
+                            f"--sequences-per-chunk)")
+
+    def score_tasks(self, check_memory: bool = True) -> list:
+        """The Score task of each shard (one unless --shards)."""
         self.check_renamed()
+        self.check_shards()
         self.check_kl_options()
         file_base = self.file_base()
         base = None if file_base or not self.kl_base else self.clone(PerplexityRun, model=self.base_model(), kl_base="")
-        if base is not None and base.spec().tokenizer_id != self.spec().tokenizer_id:
-            raise UserError(f"--kl-base {self.kl_base}: its tokenizer differs from the model's; KL-divergence "
-                            f"compares distributions over the same vocabulary")
+        if base is not None:
+            self.check_base_vocabulary(base.spec())
+        if check_memory:
+            self.check_score_disk()
         params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf)),
                   "logits_out": bool(self.kl_base_out), **file_base}
         if base is not None:
@@ -211,7 +278,10 @@ class PerplexityRun(RunTask):
     def run(self):
         from .report import print_report
 
-        if not all(t.complete() for t in self.score_tasks(check_memory=False)):
+        scores = self.score_tasks(check_memory=False)
+        if failed := run_failure(scores):
+            raise UserError(failed)
+        if not all(t.complete() for t in scores):
             self.score_tasks()  # requires() found no chain to run: say why (the memory preflight)
         result = self.result()
         print_report(result, run_mode(self.score_tasks(check_memory=False)), per_window=self.per_window)
@@ -246,6 +316,11 @@ class PerplexityRun(RunTask):
               f"{header.n_ctx}, llama-perplexity --kl-divergence-base's layout)")
 
 
+def run_failure(scores: list) -> str | None:
+    """Why a run's chain failed while it ran (recorded by the task that failed), or None."""
+    return next((s.failure() for s in scores if not s.complete() and s.failure()), None)
+
+
 def _chain(tasks: list) -> list:
     """The tasks and every task upstream of them, each output once, as first met: a run's own
     chain before its KL base's, which shares the Tokenize task."""
@@ -258,8 +333,9 @@ def _chain(tasks: list) -> list:
 
 class Sweep(luigi.Task):
     """A grid of runs from a sweep file (flow/sweep.py); writes CSV, Markdown and plots. A grid
-    point that is refused is a row with its reason, never the end of the sweep; the sweep then
-    exits non-zero, naming the refused points, after every other point was computed."""
+    point that is refused, or fails while it runs, is a row with its reason, never the end of the
+    sweep; the sweep then exits non-zero, naming those points, after every other point was
+    computed."""
     config = luigi.Parameter(description="sweep file, e.g. configs/sweeps/example.toml")
     run_root = luigi.Parameter(default=str(RUNS), description="folder for all outputs")
 
@@ -304,13 +380,16 @@ class Sweep(luigi.Task):
 
     def run(self):
         from ..gguf_io.reader import open_gguf
-        from .sweep import load_sweep, parse_point, refused_row, table_row, write_plots, write_tables
+        from .sweep import load_sweep, parse_point, point_row, table_row, write_plots, write_tables
 
         out = load_sweep(self.config)["out"]
         rows = []
         for params, scores in self.points():
             if isinstance(scores, str):
-                rows.append(refused_row(params, scores))
+                rows.append(point_row(params, "refused", scores))
+                continue
+            if failed := run_failure(scores):
+                rows.append(point_row(params, "failed", failed))
                 continue
             result = PerplexityRun(run_root=self.run_root, **parse_point(PerplexityRun, params)).result()
             rows.append(table_row(result, open_gguf(result["model"]["path"])))
@@ -318,10 +397,12 @@ class Sweep(luigi.Task):
         plots = write_plots(rows, out)
         print("\n" + (out / "sweep.md").read_text())
         print(f"{len(rows)} runs: {', '.join(str(p) for p in [out / 'sweep.csv', out / 'sweep.md', *plots])}")
-        refused = [r for r in rows if r["status"] == "refused"]
-        if refused:
-            raise UserError(f"{len(refused)} of {len(rows)} runs of the sweep were refused "
-                            f"({', '.join(r['model'] for r in refused)}); the table gives each reason")
+        missing = {status: [r["model"] for r in rows if r["status"] == status] for status in ("refused", "failed")}
+        if any(missing.values()):
+            said = "; ".join(f"{len(names)} {status} ({', '.join(names)})" for status, names in missing.items()
+                             if names)
+            raise UserError(f"{said} of the sweep's {len(rows)} runs; the table gives each reason, and a rerun "
+                            f"computes what failed or is missing")
 
 
 @Score.event_handler(luigi.Event.SUCCESS)

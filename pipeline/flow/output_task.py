@@ -6,6 +6,7 @@ task resumes; and the parameters every task of a run shares.
 import contextlib
 import hashlib
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -20,10 +21,12 @@ from ..store.faults import failpoint
 from ..store.timing import Stopwatch, peak_rss_mb, reset_peak_rss
 from . import console
 
+log = logging.getLogger("layercycle")
+
 # the parameters a run's spec is resolved from, in resolve_run's order
 SPEC_PARAMS = ("model", "task", "corpus", "tokens_file", "method", "ctx", "stride", "unscored_prefix", "chunks", "bos",
                "hellaswag", "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice",
-               "multiple_choice_tasks")
+               "multiple_choice_tasks", "escape")
 
 
 class CompleteOutput(luigi.Target):
@@ -58,6 +61,8 @@ class RunTask(luigi.Task):
                                                                 "(llama.cpp's layout)")
     multiple_choice_tasks = luigi.IntParameter(default=0, description="multiple choice: tasks to score, in llama-"
                                                                       "perplexity's order (0: all, in file order)")
+    escape = luigi.BoolParameter(default=False, description="process escape sequences (\\n, \\t, \\\\, \\xHH, ...) in "
+                                 "the text, as llama-perplexity -e does (off there by default)")
     sequences_per_chunk = luigi.IntParameter(default=4, description="sequences per Zarr chunk and batch")
     windows_per_chunk = luigi.OptionalIntParameter(default=None, significant=False,
                                                    description="former name of --sequences-per-chunk")
@@ -130,6 +135,38 @@ class OutputTask(RunTask):
             return False
 
     def run(self):
+        """This task's output, or, where computing it fails (a NaN, the device out of memory, a
+        full disk, an input that failed), the failure recorded beside the output (`failure()`)
+        and the task ended as Luigi's success: the tasks of other runs of a sweep go on, and the
+        run's PerplexityRun or Sweep reports it in one line; a rerun tries it again."""
+        failed = next((reason if t.model == self.model else f"its KL base {t.model}: {reason}"
+                       for t in luigi.task.flatten(self.requires())
+                       if isinstance(t, OutputTask) and not t.complete() and (reason := t.failure())), None)
+        try:
+            if failed:
+                raise UserError(failed)
+            yield from self.compute()
+        except UserError as e:
+            with outputs.disk_errors(self.run_root):
+                outputs.make_parent(self.failure_path())
+                outputs.write_json(self.failure_path(), {"task": self.label(), "reason": str(e)})
+            if not failed:
+                log.warning(f"{self.label()} failed: {e}")
+            return
+        with outputs.disk_errors(self.run_root):
+            outputs.remove_file(self.failure_path())
+
+    def failure_path(self):
+        return self.out_dir().with_name(self.out_dir().name + ".failed.json")
+
+    def failure(self) -> str | None:
+        """Why the last attempt at this output failed, where it did and it is not complete."""
+        try:
+            return json.loads(self.failure_path().read_text())["reason"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def compute(self):
         # An input that another consumer removed after this task was scheduled is recomputed
         # first: Luigi runs what run() yields, then resumes it (luigi.cfg turns off Luigi's own
         # check, which would fail the task instead). Inputs are read under a shared lock, so
@@ -139,6 +176,8 @@ class OutputTask(RunTask):
             missing = [t for t in inputs if not t.complete()]
             if missing:
                 yield missing
+                if failed := next((t.failure() for t in missing if not t.complete() and t.failure()), None):
+                    raise UserError(failed)      # recomputed and failed: this task fails with it
             with contextlib.ExitStack() as reading:
                 for t in inputs:
                     reading.enter_context(outputs.reading(t.out_dir(), reader=self.out_dir().name))
@@ -177,15 +216,18 @@ class OutputTask(RunTask):
     def begin(self) -> Path:
         if self.sequences_per_chunk < 1:
             raise UserError(f"--sequences-per-chunk must be >= 1, got {self.sequences_per_chunk}")
-        return outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
+        work = outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
                                               "identity": self.identity()})
+        self.earlier_s, self.earlier_attempts = outputs.earlier_attempts(work)
+        return work
 
     def commit(self, **manifest) -> None:
         s = self.spec()
         run = {"model": {"path": str(s.model_path), "sha256": s.model_sha256}, "corpus": s.corpus_id,
                "method": s.method.as_dict()}
         outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(), "run": run,
-                                        "elapsed_s": time.time() - self.started, "peak_rss_mb": peak_rss_mb(),
+                                        "elapsed_s": time.time() - self.started + self.earlier_s,
+                                        "attempts": self.earlier_attempts + 1, "peak_rss_mb": peak_rss_mb(),
                                         "seconds": dict(self.clock.seconds), **manifest},
                        on_written=lambda: failpoint("manifest-written", self.label()))
         failpoint("task-committed", self.label())

@@ -1,6 +1,7 @@
 """The result of a run: a dict with the documented keys, a table on the terminal."""
 
 from ..model.arch import load_architecture
+from ..run.modes import CHOICE_METHODS
 from ..run.placement import Window, describe
 from ..store import outputs
 
@@ -10,7 +11,8 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
     own = [t for t in chain if t.model == scores[0].model]   # without the KL base's own chain
     tokenize = next(outputs.read_manifest(t.out_dir()) for t in own if t.task_family == "Tokenize")
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in own)   # a KL base's chain is its own
-    evaluated = tokenize["n_windows"] * spec.method.ctx
+    # the positions the trunk computed: a choice task's sequences without their padding
+    evaluated = tokenize["n_tokens"] if spec.method.name in CHOICE_METHODS else tokenize["n_windows"] * spec.method.ctx
     hp = load_architecture(spec.gguf).hp
     layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in own if t.task_family == "LayerWindow"]
     # where each window was computed, as its output records it (the first shard's)

@@ -93,6 +93,8 @@ class Score(PlacedTask):
                 for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
                     s = offset + local
                     lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
+                    if lo == hi:          # a choice with nothing to score (Winogrande's identical options)
+                        continue
                     out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype,
                                                     chunk_rows(base_file, s) if base_file else None)
                     self.require_finite(i, out[j, lo:hi])

@@ -24,12 +24,12 @@ from ..store import outputs
 KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer", "device", "device_memory",
         "compute_dtype", "boundary_dtype", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
         "unscored_prefix", "bos", "kl_base", "sequences_per_chunk", "windows_per_chunk", "hellaswag",
-        "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice", "multiple_choice_tasks")
+        "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice", "multiple_choice_tasks", "escape")
 # paths relative to the repository root
 FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande", "multiple_choice")
-COLUMNS = ("model", "status", "file_gb", "bits_per_weight", "ctx", "method", "placement", "ppl", "ppl_stderr",
-           "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio", "elapsed_s", "tokens_per_s",
-           "reason")
+COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "kl_base", "placement",
+           "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio", "elapsed_s",
+           "tokens_per_s", "reason")
 
 
 def load_sweep(path: str) -> dict:
@@ -84,8 +84,10 @@ def model_size(gguf) -> tuple[float, float]:
 def table_row(result: dict, gguf) -> dict:
     file_gb, bpw = model_size(gguf)
     k = result.get("kld", {})
-    return {"model": Path(result["model"]["path"]).name, "status": "ok", "file_gb": round(file_gb, 4),
+    return {"model": Path(result["model"]["path"]).name, "architecture": result["model"]["architecture"],
+            "status": "ok", "file_gb": round(file_gb, 4),
             "bits_per_weight": round(bpw, 3), "ctx": result["ctx"], "method": result["method"],
+            "kl_base": Path(k["base"]).name if k else None,
             "placement": result["placement_text"], "ppl": result.get("ppl"), "ppl_stderr": result.get("ppl_stderr"),
             "mean_nll": result.get("mean_nll"), "accuracy": result.get(result["method"], {}).get("accuracy"),
             "kld_mean": k.get("mean"), "kld_p99": k.get("p99"),
@@ -93,11 +95,13 @@ def table_row(result: dict, gguf) -> dict:
             "tokens_per_s": result["tokens_per_s"] and round(result["tokens_per_s"], 1), "reason": None}
 
 
-def refused_row(params: dict, reason: str) -> dict:
-    """The row of a grid point that was refused: what the sweep file set, and why."""
+def point_row(params: dict, status: str, reason: str) -> dict:
+    """The row of a grid point that was refused or failed while it ran: what the sweep file set,
+    and why."""
     row = dict.fromkeys(COLUMNS)
-    return row | {"model": Path(params["model"]).name, "status": "refused", "ctx": params.get("ctx"),
-                  "method": params.get("method"), "reason": reason}
+    return row | {"model": Path(params["model"]).name, "status": status, "ctx": params.get("ctx"),
+                  "method": params.get("method"), "kl_base": params.get("kl_base") and Path(params["kl_base"]).name,
+                  "reason": reason}
 
 
 def write_tables(rows: list[dict], out: Path) -> None:
@@ -113,31 +117,82 @@ def write_tables(rows: list[dict], out: Path) -> None:
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
 
 
-def write_plots(rows: list[dict], out: Path) -> list[Path]:
-    """PPL vs file size, and KLD vs file size where a base is set; one series per ctx/method/placement."""
-    try:
-        import matplotlib
+# what tells a sweep's points apart besides the model: the series of its plots are the values of
+# those that vary (a model's architecture too, where several are swept)
+SERIES_KEYS = ("architecture", "ctx", "method", "kl_base", "placement")
 
-        matplotlib.use("Agg")
+
+def series_label(row: dict, varying: list[str]) -> str:
+    names = {"architecture": "{}", "ctx": "ctx {}", "method": "{}", "kl_base": "base {}", "placement": "{}"}
+    shown = varying or ["ctx"] + (["kl_base"] if row["kl_base"] else [])   # one series: say what it is
+    return ", ".join(names[k].format(row[k]) for k in shown)
+
+
+def plots(rows: list[dict]) -> list[tuple[str, object]]:
+    """(file name, figure) of each plot of the sweep's computed rows, as quantization sweeps are
+    published: with a KL base, mean KLD (log scale) and the PPL ratio against bits per weight;
+    without, PPL against bits per weight. One series per value of what varies besides the
+    model (base, context, method, placement, architecture), each in the legend once; each point
+    named by its model, the names kept inside the frame."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    done = [r for r in rows if r["status"] == "ok"]
+    compared = [r for r in done if r["kld_mean"] is not None]
+    panels = ([("kld_mean", "mean KLD", True, "kld_vs_bpw.png"), ("ppl_ratio", "PPL(Q) / PPL(base)", False,
+                                                                  "ppl_ratio_vs_bpw.png")] if compared else
+              [("ppl", "PPL", False, "ppl_vs_bpw.png")])
+    points = compared or [r for r in done if r["ppl"] is not None]
+    varying = [k for k in SERIES_KEYS if len({r[k] for r in points}) > 1]
+    figures = []
+    for column, label, log_scale, name in panels if points else []:
+        fig, ax = plt.subplots(figsize=(7.5, 4.8))
+        series: dict[str, list[dict]] = {}
+        for r in points:
+            series.setdefault(series_label(r, varying), []).append(r)
+        for text, group in series.items():
+            group = sorted(group, key=lambda r: r["bits_per_weight"])
+            ys = [max(r[column], 1e-9) if log_scale else r[column] for r in group]
+            ax.plot([r["bits_per_weight"] for r in group], ys, marker="o", label=text)
+            for r, y in zip(group, ys, strict=True):
+                ax.annotate(r["model"], (r["bits_per_weight"], y), xytext=(4, 4), textcoords="offset points",
+                            fontsize=7)
+        if log_scale:
+            ax.set_yscale("log")
+        ax.margins(x=0.15, y=0.15)
+        ax.set(xlabel="bits per weight", ylabel=label, title=f"{label} against bits per weight")
+        ax.legend(fontsize=8, loc="best")
+        fig.tight_layout()
+        keep_inside(fig, ax, list(ax.texts))
+        figures.append((name, fig))
+    return figures
+
+
+def keep_inside(fig, ax, names: list) -> None:
+    """Each point's name on the side of its point that keeps it inside the frame."""
+    fig.canvas.draw()
+    frame = ax.get_window_extent()
+    for name in names:
+        box = name.get_window_extent()
+        dx, dy = name.xyann
+        if box.x1 > frame.x1:
+            name.set_horizontalalignment("right")
+            dx = -abs(dx)
+        if box.y1 > frame.y1:
+            name.set_verticalalignment("top")
+            dy = -abs(dy)
+        name.xyann = (dx, dy)
+
+
+def write_plots(rows: list[dict], out: Path) -> list[Path]:
+    try:
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("the sweep's plots need matplotlib: pip install -e '.[plot]'") from None
     written = []
-    for column, label, name in (("ppl", "PPL", "ppl_vs_size.png"), ("kld_mean", "mean KLD", "kld_vs_size.png")):
-        points = [r for r in rows if r[column] is not None]
-        if not points:
-            continue
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        key = lambda r: (r["ctx"], r["method"], r["placement"])  # noqa: E731
-        for series, group in itertools.groupby(sorted(points, key=key), key=key):
-            group = sorted(group, key=lambda r: r["file_gb"])
-            ax.plot([r["file_gb"] for r in group], [r[column] for r in group], marker="o",
-                    label=f"ctx {series[0]}, {series[1]}")
-            for r in group:
-                ax.annotate(r["model"], (r["file_gb"], r[column]), fontsize=7)
-        ax.set(xlabel="file size (GB)", ylabel=label, title=f"{label} vs file size")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
+    for name, fig in plots(rows):
         fig.savefig(out / name, dpi=100)
         plt.close(fig)
         written.append(out / name)

@@ -3,7 +3,9 @@ per window of layers, each reading the previous boundary array and writing the n
 
 Tasks are thin: parameters, `requires`, `output`, `run`; the work lives in the modules they call.
 """
+import functools
 import logging
+import time
 from pathlib import Path
 
 import luigi
@@ -18,10 +20,12 @@ from ..run.placement import (
     resolve_device,
 )
 from ..store import outputs
+from ..store.faults import failpoint
 from ..store.timing import device_peaks_mb, reset_device_peak
 from .output_task import OutputTask, under_root
 
 log = logging.getLogger("layercycle")
+RECOUNT_S = 10.0    # how often a window task looks again at which runs of its sweeps are done
 
 
 class Tokenize(OutputTask):
@@ -125,12 +129,27 @@ class PlacedTask(OutputTask):
 
     def release_input(self) -> None:
         """Remove the boundary this task consumed, now that its own output is complete; it stays
-        while another consumer (of any process) reads it, and a later one recomputes it. A KL
-        base's last boundary stays for every run compared with it (PerplexityRun.score_tasks
-        marks it), the base's own run included."""
+        while another consumer (of any process) reads it, while a run of a sweep that is not done
+        reads it with another task (two Scores over one trunk: a `kl_base` axis), and a later
+        consumer recomputes it. A KL base's last boundary stays for every run compared with it
+        (PerplexityRun.score_tasks marks it), the base's own run included."""
         source = self.source_task()
-        if isinstance(source, PlacedTask) and not self.keep_boundaries and not outputs.is_kept(source.out_dir()):
+        if (isinstance(source, PlacedTask) and not self.keep_boundaries and not outputs.is_kept(source.out_dir())
+                and not self.read_by_another_run(source)):
             outputs.remove_data(source.out_dir(), "boundary.zarr", "boundary_removed")
+
+    def read_by_another_run(self, source) -> bool:
+        """Whether a run recorded by a sweep under the run root, not done yet, has `source` in its
+        chain and not this task: another of its tasks is still to read `source`."""
+        from .sweep import runs_done, sweeps_with
+
+        root = location(self.run_root)
+        theirs, mine = under_root(root, source), under_root(root, self)
+        for record in sweeps_with(self.run_root, theirs):
+            for run, done in zip(record["runs"], runs_done(self.run_root, record), strict=True):
+                if not done and theirs in run["outputs"] and mine not in run["outputs"]:
+                    return True
+        return False
 
     def dtype_name(self, device: str) -> str:
         return compute_dtype_name(self.compute_dtype, device)
@@ -260,15 +279,23 @@ class LayerWindow(PlacedTask):
     def pass_position(self) -> tuple[int, int, int, int]:
         """(layers before this window, in it, in the trunk, runs of a sweep after this one), for
         the pass-level progress line; the runs still to come are read from the outputs on disk,
-        so every worker of a sweep, on any host, counts the same."""
+        so every worker of a sweep, on any host, counts the same: a run found done is not looked
+        at again, the others at most every RECOUNT_S seconds (on an object store a look is a
+        request a run, not to be made for every chunk)."""
         from .sweep import runs_done, sweeps_with
 
         mine = under_root(location(self.run_root), self)
         if "_sweeps" not in self.__dict__:  # the records do not change while the task runs
-            self._sweeps = sweeps_with(self.run_root, mine)
-        after = max((sum(not done and mine not in run["outputs"]
-                         for run, done in zip(record["runs"], runs_done(self.run_root, record)))
-                     for record in self._sweeps), default=0)
+            self._sweeps, self._runs_done, self._looked = sweeps_with(self.run_root, mine), set(), -RECOUNT_S
+        if time.monotonic() - self._looked >= RECOUNT_S:   # a look at the outputs costs a request a run on S3
+            self._looked = time.monotonic()
+            for k, record in enumerate(self._sweeps):
+                todo = [i for i in range(len(record["runs"])) if (k, i) not in self._runs_done]
+                done = runs_done(self.run_root, {"runs": [record["runs"][i] for i in todo]})
+                self._runs_done |= {(k, i) for i, d in zip(todo, done, strict=True) if d}
+        after = max((sum((k, i) not in self._runs_done and mine not in run["outputs"]
+                         for i, run in enumerate(record["runs"]))
+                     for k, record in enumerate(self._sweeps)), default=0)
         return self.first, self.last - self.first, self.windows()[-1].last, after
 
     def execute(self):
@@ -342,42 +369,17 @@ class LayerWindow(PlacedTask):
         gguf = self.spec().gguf
         return [t.name for i in range(first, last) for t in gguf.layer_tensors(i)]
 
-    def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
-        """The one layer of this window with its routed experts in slices (model/sliced.py),
-        slices outside and chunks inside: the layer up to its MoE and the routing over every
-        chunk (staged.zarr), then each slice of experts over every chunk, added into a float32
-        accumulator (experts-J.zarr; a slice's `.done` mark written once it is whole, the
-        accumulator before it then removed), then the rest of the layer into the boundary.
-        Every array resumes chunk by chunk; each slice's experts are read once per pass."""
-        import torch
-
-        from ..model.arch import load_architecture
-        from ..model.arch.experts import expert_tensor_names, slice_firsts
-        from ..model.sliced import SlicedLayer
+    def fill_slices(self, work: Path, source, layer, firsts: list[int], with_ids, as_tensors) -> None:
+        """The layer up to its MoE over every chunk (staged.zarr), then each slice of experts added
+        into its accumulator (experts-J.zarr, marked `.done` once whole)."""
         from ..store.arrays import ChunkedArray
-
-        gguf = self.spec().gguf
-        arch = load_architecture(gguf)
-
-        def layer() -> SlicedLayer:
-            if not loaded:
-                loaded.append(SlicedLayer(arch, self.first, device, dtype, slices))
-            return loaded[0]
 
         n, ctx, _ = source.array.shape
         H = layer().hidden                              # the experts' width; a boundary may carry more
-
-        def with_ids(i, *arrays):                       # a chunk's arrays and, where the family reads them, its ids
-            return (*arrays, self.chunk_ids(i) if arch.takes_token_ids else None)
-
-        def as_tensors(chunks):
-            return [c if c is None or isinstance(c, torch.Tensor) else torch.from_numpy(c) for c in chunks]
-
         self.fill(work / "staged.zarr", (n, ctx, layer().width), "float32",
                   lambda i: with_ids(i, source.read_chunk(i)),
                   lambda: lambda i, chunks: layer().stage(*as_tensors(chunks)).numpy(), finite=False, part="attention")
         staged = ChunkedArray.open(work / "staged.zarr")
-        firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
         before = None                                   # the accumulator of the slices so far
         for j, a in enumerate(firsts):
             acc, done = work / f"experts-{j}.zarr", work / f"experts-{j}.done"
@@ -396,14 +398,56 @@ class LayerWindow(PlacedTask):
             if before:
                 outputs.remove_tree(before)
             before = acc
-        summed = ChunkedArray.open(before)
-        stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
-                          lambda i: with_ids(i, source.read_chunk(i), staged.read_chunk(i), summed.read_chunk(i)),
+
+    def fill_in_slices(self, work: Path, source, device: str, dtype, slices: int, loaded: list) -> dict:
+        """The one layer of this window with its routed experts in slices (model/sliced.py),
+        slices outside and chunks inside: the layer up to its MoE and the routing over every
+        chunk (staged.zarr), then each slice of experts over every chunk, added into a float32
+        accumulator (experts-J.zarr; a slice's `.done` mark written once it is whole, the
+        accumulator before it then removed), then the rest of the layer into the boundary; the
+        staged rows removed first, then the accumulators and marks. Every array resumes chunk by
+        chunk, a kill while they are removed included; each slice's experts are read once per
+        pass."""
+        import torch
+
+        from ..model.arch import load_architecture
+        from ..model.arch.experts import expert_tensor_names, slice_firsts
+        from ..model.sliced import SlicedLayer
+        from ..store.arrays import ChunkedArray
+
+        gguf = self.spec().gguf
+        arch = load_architecture(gguf)
+
+        def layer() -> SlicedLayer:
+            if not loaded:
+                loaded.append(SlicedLayer(arch, self.first, device, dtype, slices))
+            return loaded[0]
+
+        n, ctx, _ = source.array.shape
+
+        def with_ids(i, *arrays):                       # a chunk's arrays and, where the family reads them, its ids
+            return (*arrays, self.chunk_ids(i) if arch.takes_token_ids else None)
+
+        def as_tensors(chunks):
+            return [c if c is None or isinstance(c, torch.Tensor) else torch.from_numpy(c) for c in chunks]
+
+        firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
+        staged, summed = work / "staged.zarr", work / f"experts-{len(firsts) - 1}.zarr"
+        boundary = work / "boundary.zarr"
+        # staged.zarr is removed first once the boundary is whole: without it, a kill came while
+        # the slices' arrays and marks were being removed, and nothing is left to compute
+        if not boundary.exists() or staged.exists():
+            self.fill_slices(work, source, layer, firsts, with_ids, as_tensors)
+        read = functools.cache(ChunkedArray.open)
+        stats = self.fill(boundary, (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
+                          lambda i: with_ids(i, source.read_chunk(i), read(staged).read_chunk(i),
+                                             read(summed).read_chunk(i)),
                           lambda: lambda i, chunks: layer().finish(*as_tensors(chunks)).numpy(),
                           write_behind=device.startswith("cuda"))
-        outputs.remove_tree(work / "staged.zarr")
-        outputs.remove_tree(before)
+        outputs.remove_tree(staged)
+        failpoint("staged-removed", self.label())
         for j in range(len(firsts)):
+            outputs.remove_tree(work / f"experts-{j}.zarr")
             (work / f"experts-{j}.done").unlink(missing_ok=True)
         return stats
 

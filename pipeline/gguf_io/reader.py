@@ -28,6 +28,8 @@ from .page_reader import PAGE_READER
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4             # GGML_MAX_DIMS
+MAX_NAME = 64            # GGML_MAX_NAME: a tensor's name and its terminating zero
+U64 = struct.Struct("<Q")
 SPLIT_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>[0-9]{5})-of-(?P<count>[0-9]{5})\.gguf")
 
 _SCALAR = {
@@ -98,6 +100,9 @@ class GGUFFile:
         infos = {}
         for _ in range(n_tensors):
             name, pos = self._string(pos)
+            if len(name.encode()) >= MAX_NAME:
+                raise UserError(f"{self.path}: tensor {len(infos)} has a name of {len(name.encode())} bytes "
+                                f"(GGUF allows fewer than {MAX_NAME})")
             if name in infos:
                 raise UserError(f"{self.path}: tensor {name} appears twice")
             (n_dims,), pos = struct.unpack_from("<I", m, pos), pos + 4
@@ -149,9 +154,11 @@ class GGUFFile:
             if etype == GGUFValueType.STRING:
                 if count * 8 > len(self.map) - pos:
                     raise ValueError(f"a string array of {count} entries runs past the end of the file")
-                start = pos
+                start, size, length = pos, len(self.map), U64.unpack_from
                 for _ in range(count):
-                    pos += 8 + struct.unpack_from("<Q", self.map, pos)[0]
+                    pos += 8 + length(self.map, pos)[0]
+                    if pos > size:
+                        raise ValueError(f"a string of the array at byte {start} runs past the end of the file")
                 return StringArray(start, count), pos
             if etype == GGUFValueType.ARRAY:
                 raise ValueError("nested arrays are not used by any model key")

@@ -1,5 +1,6 @@
 """Evaluation tasks (tasks/NAME.toml): where the corpus comes from and the default method."""
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,12 +69,45 @@ def corpus_bytes(task: EvalTask, corpus: str) -> tuple[bytes, str]:
 
 
 def read_text_file(path: Path) -> str:
+    """The file's bytes as UTF-8 text, line ends as they are (CR kept, as a C++ program reads them)."""
     if not path.is_file():
         raise UserError(f"corpus file {path} does not exist")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
         raise UserError(f"corpus file {path} is not UTF-8 text ({e})") from None
+
+
+# common's string_process_escapes: a backslash and one of these is that one character; \xHH one
+# byte where strtol reads both characters as hex (an optional space or sign, then digits)
+ESCAPES = {ord("n"): b"\n", ord("r"): b"\r", ord("t"): b"\t", ord("'"): b"'", ord('"'): b'"', ord("\\"): b"\\"}
+ESCAPE = re.compile(rb"\\(x(?:[ \t\n\v\f\r+-][0-9a-fA-F]|[0-9a-fA-F]{2})|.)", re.DOTALL)
+
+
+def process_escapes(data: bytes) -> bytes:
+    """llama.cpp's string_process_escapes (`-e`/`--escape`); any other backslash stays with the
+    character after it."""
+    def one(m: re.Match) -> bytes:
+        code = m.group(1)
+        if len(code) == 3:
+            return bytes([int(code[1:], 16) & 0xFF])
+        return ESCAPES.get(code[0], m.group(0))
+
+    return ESCAPE.sub(one, data)
+
+
+def llama_prompt(text: str, escape: bool = False) -> str:
+    """The text llama-perplexity reads from `-f FILE` (common's -f handler): the file's bytes
+    without one final newline (a CR before it stays), escape sequences processed only where
+    `-e`/`--escape` is given (llama-perplexity turns them off by default)."""
+    text = text.removesuffix("\n")
+    if not escape:
+        return text
+    try:
+        return process_escapes(text.encode("utf-8")).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"the corpus's escape sequences make bytes that are not UTF-8 text ({e}), which are not "
+                        f"computed here; leave --escape out to read them as they are") from None
 
 
 def text_sha256(text: str) -> str:

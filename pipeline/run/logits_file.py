@@ -85,15 +85,20 @@ def chunk_rows(path: str, chunk: int) -> np.ndarray:
 
 def write_file(path: Path, header: LogitsHeader, tokens: np.ndarray, chunk_parts: list[Path]) -> None:
     """The file from its header, tokens and each chunk's rows (one file per chunk, in order),
-    written aside and renamed: whole or absent."""
+    written aside and renamed: whole or absent (a disk that fills removes what was written)."""
     partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as out:
-        out.write(HEADER.pack(MAGIC, header.n_ctx, header.n_vocab, header.n_chunk))
-        out.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
-        for part in chunk_parts:
-            with open(part, "rb") as src:
-                while block := src.read(1 << 24):
-                    out.write(block)
+    try:
+        with open(partial, "wb") as out:
+            out.write(HEADER.pack(MAGIC, header.n_ctx, header.n_vocab, header.n_chunk))
+            out.write(np.ascontiguousarray(tokens, dtype="<i4").tobytes())
+            for part in chunk_parts:
+                with open(part, "rb") as src:
+                    while block := src.read(1 << 24):
+                        out.write(block)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise UserError(f"cannot write {path}: {e.strerror}; the run's outputs are kept, and a rerun with "
+                        f"more room writes it") from None
     if partial.stat().st_size != header.size():
         raise UserError(f"{partial}: {partial.stat().st_size:,} bytes written, {header.size():,} expected")
     partial.replace(path)

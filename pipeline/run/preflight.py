@@ -47,16 +47,41 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * UNITS[match.group(2).upper()])
 
 
+CGROUP = Path("/sys/fs/cgroup")      # cgroup v2: this process's memory controller's files
+
+
+def cgroup_limit() -> int | None:
+    limit = CGROUP / "memory.max"
+    text = limit.read_text().strip() if limit.is_file() else ""
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_free() -> int | None:
+    """What the cgroup's limit leaves, as the kernel counts it (and the kubelet's working set):
+    the limit less the memory charged to the cgroup, its inactive file pages not counted
+    (memory.stat's inactive_file: the page cache a pass fills on purpose by reading ahead, which
+    the kernel reclaims before an allocation fails). None where no limit is set."""
+    limit = cgroup_limit()
+    if limit is None:
+        return None
+    used = CGROUP / "memory.current"
+    charged = int(used.read_text()) if used.is_file() else 0
+    stat = CGROUP / "memory.stat"
+    for line in stat.read_text().splitlines() if stat.is_file() else []:
+        key, _, value = line.partition(" ")
+        if key == "inactive_file":
+            charged -= int(value)
+    return limit - max(charged, 0)
+
+
 def total_bytes(device: str) -> int:
     """A device's memory: on CUDA the card's (asked in a child process); on the CPU MemTotal,
     capped by the cgroup limit where one is set."""
     if device.startswith("cuda"):
         return cuda_probe.cuda_facts()["total"]
     total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    limit = Path("/sys/fs/cgroup/memory.max")
-    if limit.is_file() and limit.read_text().strip().isdigit():
-        total = min(total, int(limit.read_text()))
-    return total
+    limit = cgroup_limit()
+    return total if limit is None else min(total, limit)
 
 
 def device_budget(device: str, cap: int | None) -> int:
@@ -74,7 +99,8 @@ def window_fixed_bytes(gguf: GGUFIndex, batch: int, ctx: int, n_head: int, devic
 
 def available_bytes(device: str) -> int:
     """Memory a window task may use now: free device memory on CUDA (asked in a child process,
-    cuda_probe.py); on the CPU the kernel's MemAvailable, capped by the cgroup limit where one is set."""
+    cuda_probe.py); on the CPU the kernel's MemAvailable, capped by what the cgroup's limit leaves
+    where one is set."""
     if device.startswith("cuda"):
         return cuda_probe.cuda_facts()["free"]
     free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -83,11 +109,8 @@ def available_bytes(device: str) -> int:
         for line in meminfo.read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 free = int(line.split()[1]) * 1024
-    limit = Path("/sys/fs/cgroup/memory.max")
-    if limit.is_file() and limit.read_text().strip().isdigit():
-        used = Path("/sys/fs/cgroup/memory.current")
-        free = min(free, int(limit.read_text()) - (int(used.read_text()) if used.is_file() else 0))
-    return free
+    in_cgroup = cgroup_free()
+    return free if in_cgroup is None else min(free, in_cgroup)
 
 
 def largest_fitting_window(per_layer: list[int], fixed: int, budget: int) -> int:

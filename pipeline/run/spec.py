@@ -27,6 +27,7 @@ class RunSpec:
     corpus: str          # --corpus PATH, or "" for the task's own source
     tokens_file: str     # pre-tokenized input, replacing corpus + tokenizer
     method: Method
+    escape: bool = False  # escape sequences in the text processed, as llama-perplexity -e does
 
     @property
     def gguf(self) -> GGUFIndex:
@@ -43,7 +44,7 @@ class RunSpec:
             content, label = mode().content(self.eval_task, self.corpus)
             return {"source": label, "sha256": hashlib.sha256(content).hexdigest()}
         text, label = corpus_text(self.eval_task, self.corpus)
-        return {"source": label, "sha256": text_sha256(text)}
+        return {"source": label, "sha256": text_sha256(text)} | ({"escapes": "processed"} if self.escape else {})
 
     @functools.cached_property
     def tokenizer_id(self) -> str:
@@ -60,7 +61,7 @@ class RunSpec:
 def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: str, ctx: int,
                 stride: int, unscored_prefix: int, chunks: int, bos: str, hellaswag: str = "",
                 hellaswag_tasks: int = 400, winogrande: str = "", winogrande_tasks: int = 0,
-                multiple_choice: str = "", multiple_choice_tasks: int = 0) -> RunSpec:
+                multiple_choice: str = "", multiple_choice_tasks: int = 0, escape: bool = False) -> RunSpec:
     from .modes import CHOICE_METHODS
 
     eval_task = load_eval_task(task)
@@ -93,8 +94,8 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
         from .modes import BY_METHOD
         from .modes.choice import longest_sequence
 
-        ctx = longest_sequence(BY_METHOD[name], str(path), *BY_METHOD[name]().content(eval_task, corpus), chunks,
-                               add_bos)
+        ctx = longest_sequence(BY_METHOD[name], str(path), *BY_METHOD[name]().content(eval_task, corpus, escape),
+                               chunks, add_bos)
     m = Method(name=name, ctx=ctx or int(defaults.get("ctx", 512)),
                stride=stride, unscored_prefix=unscored_prefix,
                chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks, bos=add_bos)
@@ -105,4 +106,8 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
         raise UserError(f"--ctx {m.ctx} is above the model's context length of {context}")
     if m.bos and bos_id is None:
         raise UserError("--bos yes was asked for but the model defines no BOS token")
-    return RunSpec(path, sha, eval_task, corpus, tokens_file, m)
+    if escape and (tokens_file or name in ("stride", "multiple-choice")):
+        what = "--tokens-file" if tokens_file else f"the {name} method, which reads its file as it is"
+        raise UserError(f"--escape applies to a text read as llama-perplexity reads -f (the llama-cpp, hellaswag "
+                        f"and winogrande methods), not to {what}")
+    return RunSpec(path, sha, eval_task, corpus, tokens_file, m, escape)

@@ -9,24 +9,34 @@ object store given as an fsspec URL (`s3://bucket/prefix`):
   `flock`s on files in `<run root>/.locks/`, released by the system when a process dies.
 - object store: there is no rename, so a task writes in place, chunk by chunk, and the
   manifest, one object written last, completes it. The writer's lock is an object created only
-  if absent (a conditional put), removed when the task ends; one left by a killed process on
-  the same host is taken over. Readers leave a marker object each while they read.
+  if absent (a conditional put), removed when the task ends: a lease naming its holder and when
+  it ends, renewed while the task runs (LAYERCYCLE_LEASE_S, 60 s by default); one whose lease
+  ended (a host that died) or left by a killed process of the same host is taken over. Readers
+  leave a marker object each while they read.
 """
 import contextlib
 import errno
 import fcntl
 import json
+import logging
+import math
 import os
 import shutil
 import socket
+import threading
 import time
+import uuid
 from pathlib import Path
 
 from ..errors import UserError
 from ..paths import is_local, location
 
 MANIFEST = "manifest.json"
+log = logging.getLogger("layercycle")
 POLL_S = 2.0  # how often a waiting worker looks at an object-store lock again
+# an object-store lock is a lease of this many seconds, renewed every third of it while its task runs
+LEASE_S = float(os.environ.get("LAYERCYCLE_LEASE_S", 60))
+ATTEMPTS = "attempts.json"   # in a task's work folder: the seconds its earlier attempts computed
 
 
 def partial_dir(out):
@@ -42,8 +52,25 @@ def begin(out, params: dict):
     return work
 
 
+def earlier_attempts(work) -> tuple[float, int]:
+    """(seconds, count) of the earlier attempts at the output being written in `work`, and this
+    one recorded as begun now. An attempt that was killed is counted to the last line of the
+    task's journal (its last chunk); on an object store, where files carry no such time, none."""
+    record = work / ATTEMPTS
+    seconds, count = 0.0, 0
+    if is_local(work) and record.is_file():
+        earlier = json.loads(record.read_text())
+        journal = work / "journal.log"
+        last = journal.stat().st_mtime if journal.is_file() else earlier["started"]
+        seconds, count = earlier["seconds"] + max(last - earlier["started"], 0.0), earlier["count"]
+    if is_local(work):
+        write_json(record, {"seconds": seconds, "count": count + 1, "started": time.time()})
+    return seconds, count
+
+
 def commit(out, manifest: dict, on_written=lambda: None) -> None:
     work = partial_dir(out)
+    remove_file(work / ATTEMPTS)
     write_json(work / MANIFEST, manifest)
     on_written()
     if work != out:
@@ -141,7 +168,7 @@ def record_once(path, data: dict) -> dict:
 def _link_whole(path: Path, text: str) -> bool:
     """Write `text` to a file of its own and link it at `path`, so that `path` appears whole and
     only where absent (FileExistsError otherwise); False where the file system has no hard links."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp = _temporary(path)
     tmp.write_text(text)
     try:
         os.link(tmp, path)
@@ -163,9 +190,23 @@ def write_bytes(path, data: bytes) -> None:
     if not is_local(path):  # one object, written whole or not at all
         path.write_bytes(data)
         return
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = _temporary(path)
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def _temporary(path: Path) -> Path:
+    """A name beside `path` that no other writer uses, in this process or on another host
+    sharing the folder (a pid alone repeats across hosts)."""
+    return path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
+
+
+def remove_file(path) -> None:
+    """Delete a file where it exists."""
+    if is_local(path):
+        Path(path).unlink(missing_ok=True)
+    elif path.exists():
+        path.unlink()
 
 
 def append_line(path, line: str) -> None:
@@ -173,8 +214,19 @@ def append_line(path, line: str) -> None:
         f.write(line + "\n")
 
 
+def same_disk(a, b) -> bool:
+    """Whether two local paths (that may not exist yet) lie on one file system."""
+    def device(path) -> int:
+        path = Path(path).resolve()
+        while not path.exists():
+            path = path.parent
+        return path.stat().st_dev
+
+    return is_local(a) and is_local(b) and device(a) == device(b)
+
+
 def free_bytes(root) -> int | None:
-    """Free space on a local run root's disk; None on an object store."""
+    """Free space on a local path's disk (the path may not exist yet); None on an object store."""
     if not is_local(root):
         return None
     root = Path(root).resolve()
@@ -209,11 +261,17 @@ def locked(out, what: str, wait: bool = False):
 
 @contextlib.contextmanager
 def _object_lock(lock_path, busy: str, wait: bool):
-    owner = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    """A lease on an object store: the lock object names its holder and when its lease ends; a
+    thread renews it while the task runs, and a lease past its end (a host that died) is taken
+    over, in one line naming the old holder."""
+    token = uuid.uuid4().hex
+    lease = lambda: json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,  # noqa: E731
+                                "expires": time.time() + LEASE_S, "token": token}).encode()
+    since = time.time()
     while True:
         try:
             with lock_path.fs.open(lock_path.path, "xb") as f:  # a conditional put: only if absent
-                f.write(json.dumps(owner).encode())
+                f.write(lease())
             break
         except (ValueError, NotImplementedError):
             raise UserError(f"the run root's filesystem ({lock_path.protocol}) cannot create a file only if "
@@ -225,18 +283,50 @@ def _object_lock(lock_path, busy: str, wait: bool):
                 time.sleep(POLL_S)
             else:
                 raise UserError(busy) from None
+    stop = threading.Event()
+    renewing = threading.Thread(target=_renew, args=(lock_path, token, lease, stop), daemon=True,
+                                name="lease-renewal")
+    renewing.start()
     try:
         yield
     finally:
-        lock_path.unlink(missing_ok=True)
+        stop.set()
+        renewing.join()
+        if _holder(lock_path).get("token") == token:
+            lock_path.unlink(missing_ok=True)
+
+
+def _renew(lock_path, token: str, lease, stop: threading.Event) -> None:
+    """Rewrite the lease every third of its length while this process holds it."""
+    while not stop.wait(LEASE_S / 3):
+        if _holder(lock_path).get("token") != token:
+            log.warning(f"{lock_path}: this process's lease was taken over by another; its output is "
+                        f"written by both, with the same bytes")
+            return
+        try:
+            with lock_path.fs.open(lock_path.path, "wb") as f:
+                f.write(lease())
+        except OSError as e:      # a store that did not answer: the next renewal tries again
+            log.warning(f"{lock_path}: the lease could not be renewed ({e})")
+
+
+def _holder(lock_path) -> dict:
+    try:
+        return json.loads(lock_path.read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
 
 
 def _abandoned(lock_path) -> bool:
-    """A lock left by a process of this host that is gone (killed before it could remove it)."""
-    try:
-        holder = json.loads(lock_path.read_text())
-    except (FileNotFoundError, ValueError):
+    """A lock whose lease ended (its holder's host died or lost the store) or left by a process
+    of this host that is gone (killed before it could remove it)."""
+    holder = _holder(lock_path)
+    if not holder:
         return False
+    if holder.get("expires", math.inf) < time.time():
+        log.warning(f"{lock_path}: the lease of {holder.get('host')} pid {holder.get('pid')} ended "
+                    f"{time.time() - holder['expires']:.0f} s ago; taking its task over")
+        return True
     if holder.get("host") != socket.gethostname():
         return False
     try:

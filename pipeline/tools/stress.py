@@ -5,6 +5,11 @@ command, and check the result is bit-identical and at most one chunk per task wa
 
 Prints the tally: kills, identical results, chunks recomputed, corrupted chunks detected.
 The same functions drive the fixed crash tests in tests/test_crash.py.
+
+    python -m pipeline.stress --headers 20000 [--seed 0]
+
+fuzzes the config's model's header instead (pipeline/tools/fuzz_headers.py): prints how many
+variants were accepted, refused in one line or failed, and each failure.
 """
 import argparse
 import contextlib
@@ -106,13 +111,29 @@ def kill_and_resume(run_root: Path, settings: dict, reference: dict, fault: str 
                    max(redone.values(), default=0), corrupted_detected(run_root))
 
 
+def fuzz_headers(model: str, variants: int, seed: int) -> int:
+    from ..gguf_io.registry import resolve_model
+    from .fuzz_headers import fuzz
+
+    with tempfile.TemporaryDirectory(prefix="layercycle-fuzz-") as tmp:
+        outcome = fuzz(resolve_model(model), variants, seed, Path(tmp))
+    for k, change, what in outcome["failures"]:
+        print(f"variant {k} ({change}):\n{what}")
+    for key, value in outcome["tally"].items():
+        print(f"{key:<24}{value}")
+    return 1 if outcome["failures"] else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.stress", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=CONFIGS / "stress.toml")
     parser.add_argument("--kills", type=int, default=None, help="random kills (default: the config's)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--headers", type=int, default=0, help="fuzz this many variants of the model's header")
     args = parser.parse_args(argv)
     settings = load_settings(args.config)
+    if args.headers:
+        return fuzz_headers(settings["model"], args.headers, args.seed)
     kills = args.kills or settings["kills"]
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="layercycle-stress-") as tmp:

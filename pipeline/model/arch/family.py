@@ -122,10 +122,20 @@ class DecoderArch:
         tokens = self.gguf.metadata.get(Keys.Tokenizer.LIST)
         vocab = self.key(Keys.LLM.VOCAB_SIZE, getattr(tokens, "count", 0))
         # multi-token-prediction blocks follow the trunk; a perplexity pass never runs them
-        n_layers = int(self.key(Keys.LLM.BLOCK_COUNT)) - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0))
-        return HParams(n_layers=n_layers, hidden=hidden, n_head=n_head, n_kv=n_kv,
-                       head_dim=int(self.key(Keys.Attention.KEY_LENGTH, hidden // max(n_head, 1))),
-                       eps=self.rms_eps(), context_length=int(self.key(Keys.LLM.CONTEXT_LENGTH)), vocab=int(vocab))
+        total = int(self.key(Keys.LLM.BLOCK_COUNT))
+        if total > len(self.gguf.tensors):   # a block holds a tensor at least: a damaged count, refused before a loop
+            present = {n.split(".")[1] for n in self.gguf.tensors if n.startswith("blk.")}
+            missing = next(i for i in range(total) if str(i) not in present)
+            raise UserError(f"{self.gguf.path}: block_count is {total} but block {missing} has none")
+        n_layers = total - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0))
+        head_dim = int(self.key(Keys.Attention.KEY_LENGTH, hidden // max(n_head, 1)))
+        context = int(self.key(Keys.LLM.CONTEXT_LENGTH))
+        for template, value in ((Keys.LLM.EMBEDDING_LENGTH, hidden), (Keys.Attention.KEY_LENGTH, head_dim),
+                                (Keys.LLM.CONTEXT_LENGTH, context)):
+            if value < 1:
+                raise UserError(f"{self.gguf.path}: {template.format(arch=self.gguf.architecture)} is {value}")
+        return HParams(n_layers=n_layers, hidden=hidden, n_head=n_head, n_kv=n_kv, head_dim=head_dim,
+                       eps=self.rms_eps(), context_length=context, vocab=int(vocab))
 
     def rms_eps(self) -> float:
         return float(self.key(Keys.Attention.LAYERNORM_RMS_EPS))

@@ -5,6 +5,7 @@ one's length (attention is causal: padding moves no score, and a window computes
 to its last scored position); a choice's score is the mean log-probability of its scored targets,
 and the mode decides and prints as llama-perplexity does."""
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,18 +25,21 @@ class Choice:
 @dataclass(frozen=True)
 class ChoiceTask:
     index: int                     # in the file
-    gold: int                      # the right choice, from 0
+    gold: int | tuple[int, ...]    # the right choice, from 0 (multiple choice: the right ones)
     choices: tuple[Choice, ...]
 
 
 class ChoiceMode(Mode):
     binary = False        # a task file of bytes (multiple choice), else of UTF-8 text
 
-    def content(self, task, corpus: str) -> tuple:
-        """(the task file's text or bytes, its label)."""
-        from ..evaltask import corpus_bytes, corpus_text
+    def content(self, task, corpus: str, escape: bool = False) -> tuple:
+        """(the task file's bytes, or its text as llama-perplexity reads -f, and its label)."""
+        from ..evaltask import corpus_bytes, corpus_text, llama_prompt
 
-        return (corpus_bytes if self.binary else corpus_text)(task, corpus)
+        if self.binary:
+            return corpus_bytes(task, corpus)
+        text, label = corpus_text(task, corpus)
+        return llama_prompt(text, escape), label
 
     # read(content, source) -> the file's tasks, as the mode's own records
     # order(n_available, n_take) -> the file indices of the tasks llama-perplexity scores, in its order
@@ -50,7 +54,7 @@ class ChoiceMode(Mode):
         raise NotImplementedError
 
     def plan(self, spec) -> ModePlan:
-        text, source = self.content(spec.eval_task, spec.corpus)
+        text, source = self.content(spec.eval_task, spec.corpus, spec.escape)
         available, tasks = tokenized(type(self), str(spec.model_path), text, source, spec.method.chunks,
                                      spec.method.bos)
         ctx, choices = spec.method.ctx, [c for t in tasks for c in t.choices]
@@ -71,7 +75,9 @@ class ChoiceMode(Mode):
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
         tasks, means, row = attrs[self.name]["tasks"], [], 0
         for task in tasks:
-            means.append([float(-rows[:, 0].mean()) for rows in scored[row:row + task["choices"]]])
+            # a choice with nothing scored has NaN, as llama-perplexity's 0 / 0
+            means.append([float(-rows[:, 0].mean()) if len(rows) else math.nan
+                          for rows in scored[row:row + task["choices"]]])
             row += task["choices"]
         result = self.score_tasks([{"index": t["index"], "gold": t["gold"]} for t in tasks], means)
         return {self.name: {"tasks": len(tasks), "available": attrs[self.name]["available"], **result},

@@ -20,7 +20,9 @@ Z_95 = 1.95996398454      # the normal quantile of llama-perplexity's 95% interv
 
 
 def read_tasks(text: str, source: str) -> list[tuple[str, int, list[str]]]:
-    """(context, gold ending, endings) of each task of a llama.cpp HellaSwag file."""
+    """(context, gold ending, endings) of each task of a llama.cpp HellaSwag file, in its text as
+    llama-perplexity reads -f (its final newline dropped: a file that ends in a blank line ends
+    in a newline here)."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()                                  # std::getline gives no line after the last newline

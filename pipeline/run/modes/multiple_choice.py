@@ -3,7 +3,8 @@
 pass them; its layout: run/multiple_choice_file.py), scored as HellaSwag is, with any number of
 answers. Each answer is one sequence, `question + " " + answer` with the model's BOS rule; the
 tokens all answers share are not scored; an answer's score is the mean log-probability of the
-rest; the first maximum is the choice.
+rest; the first maximum is the choice, right where its label is 1 (any number of answers may be,
+none too: that task is counted and never right, as llama-perplexity counts it).
 """
 import numpy as np
 
@@ -22,14 +23,14 @@ class MultipleChoice(ChoiceMode):
         question, answers, labels = task
         seqs = [encode(f"{question} {answer}") for answer in answers]
         shared = common_prefix(seqs)
-        return ChoiceTask(index, labels.index(1),
+        return ChoiceTask(index, tuple(a for a, label in enumerate(labels) if label == 1),
                           tuple(Choice(tuple(s), max(1, min(shared, len(s) - 1)), len(s)) for s in seqs))
 
     def score_tasks(self, tasks: list[dict], means: list[list[float]]) -> dict:
         per_task, right = [], 0
         for t, (task, logprobs) in enumerate(zip(tasks, means, strict=True), start=1):
             choice = int(np.argmax(logprobs))        # the first maximum
-            right += choice == task["gold"]
+            right += choice in task["gold"]
             per_task.append({**task, "choice": choice, "logprobs": logprobs, "accuracy": 100 * right / t})
         # llama-perplexity's final lines, in its float32 arithmetic
         n, answers = np.float32(len(tasks)), sum(len(m) for m in means)

@@ -16,7 +16,7 @@ class Perplexity(Mode):
         from ...gguf_io.reader import open_gguf
         from ...gguf_io.tokenizer import load_tokenizer
         from ..corpus_plan import plan_sequences
-        from ..evaltask import corpus_text
+        from ..evaltask import corpus_text, llama_prompt
         from ..tokens_file import read_tokens_file
 
         if spec.tokens_file:
@@ -27,8 +27,8 @@ class Perplexity(Mode):
                                 f"of {vocab}")
         else:
             text, _ = corpus_text(spec.eval_task, spec.corpus)
-            if spec.method.name == "llama-cpp":
-                text = text.removesuffix("\n")  # llama-perplexity reads its -f file without its last newline
+            if spec.method.name == "llama-cpp":     # read as llama-perplexity reads -f; stride: as it is
+                text = llama_prompt(text, spec.escape)
             tokens = np.array(load_tokenizer(open_gguf(str(spec.model_path))).encode(text, add_bos=spec.method.bos),
                               dtype=np.int32)
         from ..logits_file import is_logits_file

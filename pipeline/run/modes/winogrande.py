@@ -22,11 +22,11 @@ MIN_TRAILING = 3          # llama-perplexity's k_min_trailing_ctx
 
 
 def read_tasks(text: str, source: str) -> list[tuple[str, str, tuple[str, str], int]]:
-    """(first, second, options, answer 1 or 2) of each line llama-perplexity accepts; it skips a
-    line it cannot read (a header, say), and the file's last line: it reads a -f file without its
-    final newline, and its CSV reader drops a last line without one."""
+    """(first, second, options, answer 1 or 2) of each line llama-perplexity accepts in the file's
+    text as it reads -f (its final newline dropped); it skips a line it cannot read (a header,
+    say), and the last line: its CSV reader drops a last line without a newline."""
     tasks = []
-    for line in text.removesuffix("\n").split("\n")[:-1]:
+    for line in text.split("\n")[:-1]:
         commas, quoted = [], False
         for i, ch in enumerate(line):
             if ch == '"':
@@ -70,7 +70,7 @@ class Winogrande(ChoiceMode):
     def score_tasks(self, tasks: list[dict], means: list[list[float]]) -> dict:
         per_task, right = [], 0
         for t, (task, (first, second)) in enumerate(zip(tasks, means, strict=True), start=1):
-            choice = 0 if first > second else 1
+            choice = 0 if first > second else 1      # a NaN score (nothing scored) picks option 2, as there
             right += choice == task["gold"]
             per_task.append({**task, "choice": choice, "logprobs": [first, second], "accuracy": 100 * right / t})
         # llama-perplexity's final score, in its float32 arithmetic
