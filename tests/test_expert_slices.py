@@ -163,3 +163,39 @@ def test_a_sliced_layer_reads_each_expert_once_per_pass_and_resumes_between_slic
         else:            # resumed with its boundary whole: nothing computed or read again
             assert manifest["chunks_computed"] == 0 and manifest["weight_file_bytes_read"] == 0
         assert not list(window.glob("experts-*")) and not (window / "staged.zarr").exists()
+
+
+def test_slices_summed_under_another_budget_are_dropped_not_added_to(tmp_path, big_experts, monkeypatch):
+    """A window that failed in its second of 2 slices is run again under a budget that slices it
+    in 4 (the window's output folder is the same): what the 2-slice attempt summed is dropped,
+    and the numbers are the held layer's bit for bit."""
+    import luigi
+
+    from pipeline import PerplexityRun
+    from pipeline.model.sliced import SlicedLayer
+    from pipeline.run.placement import Window
+
+    common = dict(model=str(big_experts), task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=2,
+                  sequences_per_chunk=1)
+    whole = run_pipeline(tmp_path / "whole", window_layers=0, **common)
+    root, add = tmp_path / "sliced", SlicedLayer.add_slice
+    calls = []
+
+    def second_slice_fails(self, *chunks):
+        calls.append(1)
+        if len(calls) == 3:                  # slice 1's first chunk: slice 0 whole and marked
+            raise UserError("the device ran out of memory")
+        return add(self, *chunks)
+    for slices, fails in ((2, True), (4, False)):
+        windows = [Window("cpu", i, i + 1, slices) for i in range(2)]
+        monkeypatch.setattr(PerplexityRun, "placement", lambda self, *args, windows=windows, **kwargs: windows)
+        monkeypatch.setattr(SlicedLayer, "add_slice", second_slice_fails if fails else add)
+        luigi.task_register.Register.clear_instance_cache()
+        if fails:
+            assert not luigi.build([PerplexityRun(device="cpu", run_root=str(root), **common)], local_scheduler=True,
+                                   log_level="CRITICAL")
+            (partial,) = (root / "LayerWindow").glob("*.partial")
+            assert (partial / "experts-0.done").exists() and (partial / "experts-1.zarr").exists()
+    sliced = run_pipeline(root, **common)
+    assert [w["expert_slices"] for w in sliced["placement"]] == [4, 4]
+    assert [w["mean_nll"] for w in sliced["per_window"]] == [w["mean_nll"] for w in whole["per_window"]]

@@ -182,7 +182,7 @@ class PerplexityRun(RunTask):
     def planned_sequences(self) -> int:
         """The sequences the run scores: its Tokenize output's count, or the mode's plan."""
         if "_planned" not in self.__dict__:
-            tokenize = self.clone(Tokenize)
+            tokenize = self.clone(Tokenize, **self.file_base())
             if tokenize.complete():
                 self._planned = outputs.read_manifest(tokenize.out_dir())["n_windows"]
             else:
@@ -279,10 +279,10 @@ class PerplexityRun(RunTask):
         from .report import print_report
 
         scores = self.score_tasks(check_memory=False)
-        if failed := run_failure(scores):
-            raise UserError(failed)
         if not all(t.complete() for t in scores):
-            self.score_tasks()  # requires() found no chain to run: say why (the memory preflight)
+            self.score_tasks()  # requires() found no chain to run: say why (the memory preflight) ...
+            if failed := run_failure(scores):
+                raise UserError(failed)   # ... else a task of the chain failed while it ran: why
         result = self.result()
         print_report(result, run_mode(self.score_tasks(check_memory=False)), per_window=self.per_window)
         if self.result_json:
@@ -357,6 +357,9 @@ class Sweep(luigi.Task):
                     self._points.append((params, str(e)))
             root = location(self.run_root)
             with outputs.disk_errors(self.run_root):
+                for _, scores in self._points:   # every point is tried again: a failure is this attempt's
+                    for score in [] if isinstance(scores, str) else scores:
+                        outputs.remove_file(score.failure_path())
                 record_runs(self.run_root, self.config, [
                     {"scores": [under_root(root, s) for s in scores],
                      "outputs": [under_root(root, t) for t in _chain(scores) if t.model == scores[0].model]}
@@ -390,6 +393,9 @@ class Sweep(luigi.Task):
                 continue
             if failed := run_failure(scores):
                 rows.append(point_row(params, "failed", failed))
+                continue
+            if not all(s.complete() for s in scores):   # its failure record removed by a worker started later
+                rows.append(point_row(params, "failed", "its run did not complete; run the sweep again"))
                 continue
             result = PerplexityRun(run_root=self.run_root, **parse_point(PerplexityRun, params)).result()
             rows.append(table_row(result, open_gguf(result["model"]["path"])))

@@ -146,6 +146,8 @@ class OutputTask(RunTask):
             if failed:
                 raise UserError(failed)
             yield from self.compute()
+        except outputs.Busy:
+            raise                    # another process computes this output: not this output's failure
         except UserError as e:
             with outputs.disk_errors(self.run_root):
                 outputs.make_parent(self.failure_path())
@@ -160,8 +162,11 @@ class OutputTask(RunTask):
         return self.out_dir().with_name(self.out_dir().name + ".failed.json")
 
     def failure(self) -> str | None:
-        """Why the last attempt at this output failed, where it did and it is not complete."""
+        """Why the last attempt at this output failed, where it did and no attempt completed it
+        since (a completed output's data may have been removed: then it is recomputed)."""
         try:
+            if (self.out_dir() / outputs.MANIFEST).exists():
+                return None
             return json.loads(self.failure_path().read_text())["reason"]
         except (OSError, ValueError, KeyError):
             return None
@@ -176,8 +181,6 @@ class OutputTask(RunTask):
             missing = [t for t in inputs if not t.complete()]
             if missing:
                 yield missing
-                if failed := next((t.failure() for t in missing if not t.complete() and t.failure()), None):
-                    raise UserError(failed)      # recomputed and failed: this task fails with it
             with contextlib.ExitStack() as reading:
                 for t in inputs:
                     reading.enter_context(outputs.reading(t.out_dir(), reader=self.out_dir().name))
@@ -218,6 +221,7 @@ class OutputTask(RunTask):
             raise UserError(f"--sequences-per-chunk must be >= 1, got {self.sequences_per_chunk}")
         work = outputs.begin(self.out_dir(), {"task": self.task_family, **self.to_str_params(),
                                               "identity": self.identity()})
+        outputs.remove_file(self.failure_path())      # a new attempt: what the last one said is past
         self.earlier_s, self.earlier_attempts = outputs.earlier_attempts(work)
         return work
 

@@ -4,6 +4,7 @@ per window of layers, each reading the previous boundary array and writing the n
 Tasks are thin: parameters, `requires`, `output`, `run`; the work lives in the modules they call.
 """
 import functools
+import json
 import logging
 import time
 from pathlib import Path
@@ -139,15 +140,16 @@ class PlacedTask(OutputTask):
             outputs.remove_data(source.out_dir(), "boundary.zarr", "boundary_removed")
 
     def read_by_another_run(self, source) -> bool:
-        """Whether a run recorded by a sweep under the run root, not done yet, has `source` in its
-        chain and not this task: another of its tasks is still to read `source`."""
+        """Whether a run recorded by a sweep under the run root, not done yet and not failed, has
+        `source` in its chain and not this task: another of its tasks is still to read `source`."""
         from .sweep import runs_done, sweeps_with
 
         root = location(self.run_root)
         theirs, mine = under_root(root, source), under_root(root, self)
         for record in sweeps_with(self.run_root, theirs):
             for run, done in zip(record["runs"], runs_done(self.run_root, record), strict=True):
-                if not done and theirs in run["outputs"] and mine not in run["outputs"]:
+                failed = any((root / f"{score}.failed.json").exists() for score in run["scores"])
+                if not done and not failed and theirs in run["outputs"] and mine not in run["outputs"]:
                     return True
         return False
 
@@ -404,10 +406,11 @@ class LayerWindow(PlacedTask):
         slices outside and chunks inside: the layer up to its MoE and the routing over every
         chunk (staged.zarr), then each slice of experts over every chunk, added into a float32
         accumulator (experts-J.zarr; a slice's `.done` mark written once it is whole, the
-        accumulator before it then removed), then the rest of the layer into the boundary; the
-        staged rows removed first, then the accumulators and marks. Every array resumes chunk by
-        chunk, a kill while they are removed included; each slice's experts are read once per
-        pass."""
+        accumulator before it then removed), then the rest of the layer into the boundary; once it
+        is whole the layout is marked finished and the staged rows, accumulators and marks are
+        removed. Every array resumes chunk by chunk, a kill while they are removed included; what
+        was summed under another layout of slices (another budget) is dropped, never added to;
+        each slice's experts are read once per pass."""
         import torch
 
         from ..model.arch import load_architecture
@@ -431,19 +434,29 @@ class LayerWindow(PlacedTask):
         def as_tensors(chunks):
             return [c if c is None or isinstance(c, torch.Tensor) else torch.from_numpy(c) for c in chunks]
 
-        firsts = slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0], slices)
+        firsts = [int(a) for a in slice_firsts(gguf.tensors[expert_tensor_names(gguf, self.first)["down"]].shape[0],
+                                               slices)]
         staged, summed = work / "staged.zarr", work / f"experts-{len(firsts) - 1}.zarr"
-        boundary = work / "boundary.zarr"
-        # staged.zarr is removed first once the boundary is whole: without it, a kill came while
-        # the slices' arrays and marks were being removed, and nothing is left to compute
-        if not boundary.exists() or staged.exists():
+        # the slices' layout (another budget slices otherwise): what an earlier attempt summed in
+        # another layout is dropped; `finished` once the boundary is whole, before the cleanup
+        layout, recorded = work / "expert-slices.json", {}
+        if layout.exists():
+            recorded = json.loads(layout.read_text())
+        if recorded.get("firsts") != firsts:
+            for j in range(max(len(firsts), len(recorded.get("firsts", [])), slices)):
+                outputs.remove_tree(work / f"experts-{j}.zarr")
+                (work / f"experts-{j}.done").unlink(missing_ok=True)
+            recorded = {"firsts": firsts, "finished": False}
+            layout.write_text(json.dumps(recorded))
+        if not recorded["finished"]:
             self.fill_slices(work, source, layer, firsts, with_ids, as_tensors)
         read = functools.cache(ChunkedArray.open)
-        stats = self.fill(boundary, (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
+        stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
                           lambda i: with_ids(i, source.read_chunk(i), read(staged).read_chunk(i),
                                              read(summed).read_chunk(i)),
                           lambda: lambda i, chunks: layer().finish(*as_tensors(chunks)).numpy(),
                           write_behind=device.startswith("cuda"))
+        layout.write_text(json.dumps({"firsts": firsts, "finished": True}))
         outputs.remove_tree(staged)
         failpoint("staged-removed", self.label())
         for j in range(len(firsts)):

@@ -39,6 +39,10 @@ LEASE_S = float(os.environ.get("LAYERCYCLE_LEASE_S", 60))
 ATTEMPTS = "attempts.json"   # in a task's work folder: the seconds its earlier attempts computed
 
 
+class Busy(UserError):
+    """Another process holds the lock of the output this one was to compute."""
+
+
 def partial_dir(out):
     return out.with_name(out.name + ".partial") if is_local(out) else out
 
@@ -48,6 +52,9 @@ def begin(out, params: dict):
         remove_tree(out)           # the caller holds the output's lock and found it incomplete)
     work = partial_dir(out)
     work.mkdir(parents=True, exist_ok=True)
+    if is_local(work):
+        for left in work.rglob("*.tmp"):   # a whole-file write a kill cut short
+            left.unlink(missing_ok=True)
     write_json(work / "params.json", params)
     return work
 
@@ -203,10 +210,10 @@ def _temporary(path: Path) -> Path:
 
 def remove_file(path) -> None:
     """Delete a file where it exists."""
-    if is_local(path):
-        Path(path).unlink(missing_ok=True)
-    elif path.exists():
+    try:
         path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def append_line(path, line: str) -> None:
@@ -255,7 +262,7 @@ def locked(out, what: str, wait: bool = False):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
-            raise UserError(busy) from None
+            raise Busy(busy) from None
         yield
 
 
@@ -282,31 +289,38 @@ def _object_lock(lock_path, busy: str, wait: bool):
             elif wait:
                 time.sleep(POLL_S)
             else:
-                raise UserError(busy) from None
-    stop = threading.Event()
-    renewing = threading.Thread(target=_renew, args=(lock_path, token, lease, stop), daemon=True,
+                raise Busy(busy) from None
+    stop, lost = threading.Event(), []
+    renewing = threading.Thread(target=_renew, args=(lock_path, token, lease, stop, lost), daemon=True,
                                 name="lease-renewal")
     renewing.start()
     try:
         yield
+        if lost:     # another worker took the task over: it completes the output, this one must not
+            raise UserError(f"{lock_path}: this process's lease ended while it computed (the store did not "
+                            f"answer its renewals) and another worker took its task over")
     finally:
         stop.set()
         renewing.join()
-        if _holder(lock_path).get("token") == token:
-            lock_path.unlink(missing_ok=True)
-
-
-def _renew(lock_path, token: str, lease, stop: threading.Event) -> None:
-    """Rewrite the lease every third of its length while this process holds it."""
-    while not stop.wait(LEASE_S / 3):
-        if _holder(lock_path).get("token") != token:
-            log.warning(f"{lock_path}: this process's lease was taken over by another; its output is "
-                        f"written by both, with the same bytes")
-            return
         try:
+            if _holder(lock_path).get("token") == token:
+                lock_path.unlink(missing_ok=True)
+        except Exception as e:   # noqa: BLE001 -- the lease then ends by itself
+            log.warning(f"{lock_path}: the lock could not be removed ({e}); its lease ends in {LEASE_S:.0f} s")
+
+
+def _renew(lock_path, token: str, lease, stop: threading.Event, lost: list) -> None:
+    """Rewrite the lease every third of its length while this process holds it; a store that
+    does not answer is asked again at the next renewal."""
+    while not stop.wait(LEASE_S / 3):
+        try:
+            if _holder(lock_path).get("token") != token:
+                log.warning(f"{lock_path}: this process's lease was taken over by another worker")
+                lost.append(True)
+                return
             with lock_path.fs.open(lock_path.path, "wb") as f:
                 f.write(lease())
-        except OSError as e:      # a store that did not answer: the next renewal tries again
+        except Exception as e:   # noqa: BLE001 -- any error of the store: try again at the next renewal
             log.warning(f"{lock_path}: the lease could not be renewed ({e})")
 
 

@@ -1,7 +1,8 @@
 """Fuzzed GGUF headers: a real model's header changed at random, then opened as a run opens a model
 before its first window. Every variant must be accepted or refused in one line (a UserError):
 any other exception, a variant that runs past its time or one that asks for more memory than
-the limit set here is a failure, printed with its seed, the change and the traceback.
+the limit set here (8 GiB above what the process maps with the unchanged file open) is a
+failure, printed with its number, the change and the traceback.
 
 The header is walked here independently of the reader (pipeline/gguf_io/reader.py), field by
 field: the counts, each metadata entry (its key's length and bytes, its type, its value: a
@@ -62,7 +63,7 @@ def header_fields(data: bytes) -> tuple[list[list[Field]], int]:
         elements = []
         for _ in range(count):
             at = value(etype, at, elements)
-            into += elements[:32] + elements[-32:]     # a long array's first and last elements
+        into += elements[:32] + elements[-32:]         # a long array's first and last elements
         return at
 
     for _ in range(n_kv):
@@ -104,7 +105,7 @@ def open_as_a_run(path: Path, reference: dict) -> None:
     """What a run does with a model before its first window: the index, the family and its
     settings, the BOS rule, each layer's shapes and bytes, layer 0's weights, the head and the
     tokenizer; the last three only where what they read differs from the unchanged file's
-    (`reference`: the fingerprints of the unchanged file, which is accepted)."""
+    (`reference`: the fingerprints of the unchanged file, which is accepted; {}: all of them)."""
     import torch
 
     from ..gguf_io.reader import GGUFIndex
@@ -118,27 +119,34 @@ def open_as_a_run(path: Path, reference: dict) -> None:
         arch.layer_shapes(i, torch.float32)
         sum(t.n_bytes for t in index.layer_tensors(i))
     prints = fingerprints(index)
-    if prints["weights"] != reference["weights"]:
+    if prints["weights"] != reference.get("weights"):
         arch.load_layer(0, "cpu", torch.float32)
         arch.load_head("cpu", torch.float32)
-    if prints["tokenizer"] != reference["tokenizer"]:
+    if prints["tokenizer"] != reference.get("tokenizer"):
         load_tokenizer(index).encode("The quick brown fox, 1234 times.", add_bos=True)
 
 
 def fingerprints(index) -> dict:
-    infos = sorted(map(repr, index.tensors.values()))
-    return {"tokenizer": index.fingerprint("tokenizer."),
-            "weights": hash((index.fingerprint("", exclude=tuple(k for k in index.spans if k.startswith("tokenizer."))),
-                             tuple(infos)))}
+    settings = index.fingerprint("", exclude=tuple(k for k in index.spans if k.startswith("tokenizer.")))
+    return {"tokenizer": index.fingerprint("tokenizer."), "weights": hash((settings, tuple(index.tensors.values())))}
 
 
 class Timeout(Exception):
     pass
 
 
+def address_space() -> int:
+    """This process's mapped bytes (VmSize)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmSize:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def fuzz(model: Path, variants: int, seed: int, work: Path, memory_limit: int = 8 << 30) -> dict:
     """Open `variants` changed copies of `model`'s header; returns the tally and the failures.
-    Sets this process's address-space limit to `memory_limit` bytes (run it in a process of its own)."""
+    Caps this process's address space at what it maps once the unchanged file is open, plus
+    `memory_limit` bytes (run it in a process of its own)."""
     from ..gguf_io.reader import GGUFIndex
 
     original = model.read_bytes()
@@ -146,7 +154,9 @@ def fuzz(model: Path, variants: int, seed: int, work: Path, memory_limit: int = 
     target = work / "fuzzed.gguf"
     shutil.copyfile(model, target)
     reference = fingerprints(GGUFIndex(target))
-    resource.setrlimit(resource.RLIMIT_AS, (memory_limit, memory_limit))
+    open_as_a_run(target, {})                      # every library loaded before the limit is counted
+    limit = address_space() + memory_limit
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(Timeout()))
     rng = random.Random(seed)
     tally, failures = {"variants": 0, "accepted": 0, "refused in one line": 0, "failed": 0}, []
@@ -165,10 +175,8 @@ def fuzz(model: Path, variants: int, seed: int, work: Path, memory_limit: int = 
         try:
             open_as_a_run(path, reference)
             tally["accepted"] += 1
-        except UserError as e:
-            if "\n" in str(e).strip():
-                failures.append((k, describe(change), f"a refusal of several lines: {e}"))
-            tally["refused in one line"] += "\n" not in str(e).strip()
+        except UserError:
+            tally["refused in one line"] += 1        # UserError shows one line, whatever a file holds
         except Timeout:
             failures.append((k, describe(change), f"ran past {SECONDS_PER_VARIANT} s"))
         except Exception:                        # noqa: BLE001 -- every other outcome is the failure counted
