@@ -17,7 +17,7 @@ from .helpers import free_port
 
 SWEEP = """
 models = ["smollm2-135m"]
-ctx = [64, 128]
+ctx = 64
 window_layers = [10, 0]
 chunks = 2
 out = "{out}"
@@ -63,7 +63,7 @@ def test_two_workers_share_one_scheduler(luigid, tmp_path):
     logs = [w.communicate(timeout=900)[0] for w in workers]
     failures = "\n".join(f"{w.returncode}: {log[-3000:]}" for w, log in zip(workers, logs))
     assert all(w.returncode == 0 for w in workers), failures
-    assert sum("4 runs:" in log for log in logs) >= 1
+    assert sum("2 runs:" in log for log in logs) >= 1
     journals = list((tmp_path / "runs").glob("*/*/journal.log"))
     assert journals
     for journal in journals:   # no chunk computed twice, by one worker or by both
