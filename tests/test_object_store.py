@@ -123,6 +123,9 @@ def test_a_lock_is_a_lease_renewed_while_held_and_taken_over_once_it_ends(s3, mo
         other.join()
         assert refused == [True] * 6                                 # renewed, never taken
     assert not lock.exists()
+    with pytest.raises(UserError, match="another worker took its task over"):   # a lease lost: no manifest
+        outputs.commit(out, {"task": "Embed"}, held=lambda: False)
+    assert not outputs.is_complete(out)
 
 
 def test_data_being_read_is_not_removed(s3):

@@ -24,7 +24,7 @@ from ..run.placement import (
 from ..run.spec import resolve_run
 from ..store import outputs
 from . import console
-from .output_task import SPEC_PARAMS, RunTask, under_root
+from .output_task import SPEC_PARAMS, RunTask, chain_failure, under_root
 from .score import Score, run_mode, score_result
 from .trunk import Tokenize, compute_dtype_name
 
@@ -207,8 +207,7 @@ class PerplexityRun(RunTask):
         free = outputs.free_bytes(location(self.run_root))
         if self.kl_base_out:
             target = outputs.free_bytes(location(self.kl_base_out).parent)
-            if target is not None and free is not None and outputs.same_disk(location(self.run_root),
-                                                                             location(self.kl_base_out)):
+            if outputs.same_disk(location(self.run_root), location(self.kl_base_out)):
                 need += file_bytes
             elif target is not None and file_bytes > target:
                 raise UserError(f"--kl-base-out {self.kl_base_out} needs {file_bytes / GiB:.2f} GiB but "
@@ -317,8 +316,9 @@ class PerplexityRun(RunTask):
 
 
 def run_failure(scores: list) -> str | None:
-    """Why a run's chain failed while it ran (recorded by the task that failed), or None."""
-    return next((s.failure() for s in scores if not s.complete() and s.failure()), None)
+    """Why a run's chain failed while it ran (its Scores end with the reason), or None."""
+    failed = chain_failure(scores)
+    return failed and failed[1]
 
 
 def _chain(tasks: list) -> list:

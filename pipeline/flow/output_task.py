@@ -139,9 +139,9 @@ class OutputTask(RunTask):
         full disk, an input that failed), the failure recorded beside the output (`failure()`)
         and the task ended as Luigi's success: the tasks of other runs of a sweep go on, and the
         run's PerplexityRun or Sweep reports it in one line; a rerun tries it again."""
-        failed = next((reason if t.model == self.model else f"its KL base {t.model}: {reason}"
-                       for t in luigi.task.flatten(self.requires())
-                       if isinstance(t, OutputTask) and not t.complete() and (reason := t.failure())), None)
+        upstream = chain_failure(t for t in luigi.task.flatten(self.requires()) if isinstance(t, OutputTask))
+        failed = upstream and (upstream[1] if upstream[0].model == self.model
+                               else f"its KL base {upstream[0].model}: {upstream[1]}")
         try:
             if failed:
                 raise UserError(failed)
@@ -154,12 +154,9 @@ class OutputTask(RunTask):
                 outputs.write_json(self.failure_path(), {"task": self.label(), "reason": str(e)})
             if not failed:
                 log.warning(f"{self.label()} failed: {e}")
-            return
-        with outputs.disk_errors(self.run_root):
-            outputs.remove_file(self.failure_path())
 
     def failure_path(self):
-        return self.out_dir().with_name(self.out_dir().name + ".failed.json")
+        return outputs.failure_record(self.out_dir())
 
     def failure(self) -> str | None:
         """Why the last attempt at this output failed, where it did and no attempt completed it
@@ -192,7 +189,8 @@ class OutputTask(RunTask):
     def execute_once(self) -> None:
         """execute() under this output's lock, unless another process finished it meanwhile."""
         shared = not luigi.interface.core().local_scheduler  # several workers, one luigid
-        with outputs.disk_errors(self.run_root), outputs.locked(self.out_dir(), self.task_family, wait=shared):
+        with (outputs.disk_errors(self.run_root),
+              outputs.locked(self.out_dir(), self.task_family, wait=shared) as self.held):
             if not self.complete():
                 self.started, self.clock = time.time(), Stopwatch()
                 self.prepare()
@@ -233,7 +231,7 @@ class OutputTask(RunTask):
                                         "elapsed_s": time.time() - self.started + self.earlier_s,
                                         "attempts": self.earlier_attempts + 1, "peak_rss_mb": peak_rss_mb(),
                                         "seconds": dict(self.clock.seconds), **manifest},
-                       on_written=lambda: failpoint("manifest-written", self.label()))
+                       on_written=lambda: failpoint("manifest-written", self.label()), held=self.held)
         failpoint("task-committed", self.label())
 
     def label(self) -> str:
@@ -269,6 +267,12 @@ class OutputTask(RunTask):
             return
         raise UserError(f"{self.label()}: a NaN or inf in chunk {i} of its output; the model file's weights or "
                         f"the compute dtype's range give no finite number there")
+
+
+def chain_failure(tasks) -> tuple | None:
+    """(task, why) of the first of `tasks` that is not complete because its last attempt failed
+    while it ran (recorded beside its output), or None."""
+    return next(((t, reason) for t in tasks if not t.complete() and (reason := t.failure())), None)
 
 
 def under_root(root, task) -> str:

@@ -165,16 +165,16 @@ def plots(rows: list[dict]) -> list[tuple[str, object]]:
         ax.set(xlabel="bits per weight", ylabel=label, title=f"{label} against bits per weight")
         ax.legend(fontsize=8, loc="best")
         fig.tight_layout()
-        keep_inside(fig, ax, list(ax.texts))
+        keep_inside(fig, ax)
         figures.append((name, fig))
     return figures
 
 
-def keep_inside(fig, ax, names: list) -> None:
+def keep_inside(fig, ax) -> None:
     """Each point's name on the side of its point that keeps it inside the frame."""
     fig.canvas.draw()
     frame = ax.get_window_extent()
-    for name in names:
+    for name in ax.texts:
         box = name.get_window_extent()
         dx, dy = name.xyann
         if box.x1 > frame.x1:

@@ -148,7 +148,7 @@ class PlacedTask(OutputTask):
         theirs, mine = under_root(root, source), under_root(root, self)
         for record in sweeps_with(self.run_root, theirs):
             for run, done in zip(record["runs"], runs_done(self.run_root, record), strict=True):
-                failed = any((root / f"{score}.failed.json").exists() for score in run["scores"])
+                failed = any(outputs.failure_record(root / score).exists() for score in run["scores"])
                 if not done and not failed and theirs in run["outputs"] and mine not in run["outputs"]:
                     return True
         return False

@@ -227,6 +227,10 @@ class GGUFIndex:
             h.update(self._map[start:end])
         return h.hexdigest()
 
+    def blocks(self) -> set[int]:
+        """The block numbers its tensors name (`blk.N.*`)."""
+        return {int(n.split(".")[1]) for n in self.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()}
+
     def layer_tensors(self, i: int) -> list[TensorInfo]:
         """The tensors of block `i` (`blk.{i}.*`)."""
         prefix = f"blk.{i}."

@@ -43,6 +43,11 @@ class Busy(UserError):
     """Another process holds the lock of the output this one was to compute."""
 
 
+def failure_record(out):
+    """Where a task records why its last attempt at `out` failed (beside it, outside its folder)."""
+    return out.with_name(out.name + ".failed.json")
+
+
 def partial_dir(out):
     return out.with_name(out.name + ".partial") if is_local(out) else out
 
@@ -75,7 +80,12 @@ def earlier_attempts(work) -> tuple[float, int]:
     return seconds, count
 
 
-def commit(out, manifest: dict, on_written=lambda: None) -> None:
+def commit(out, manifest: dict, on_written=lambda: None, held=lambda: True) -> None:
+    """Complete `out` with its manifest; `held()` (locked's) says the lock is still this process's:
+    where another worker took its lease over, that one completes the output, not this one."""
+    if not held():
+        raise UserError(f"{out}: this process's lease on it ended while it computed (the store did not answer "
+                        f"its renewals) and another worker took its task over")
     work = partial_dir(out)
     remove_file(work / ATTEMPTS)
     write_json(work / MANIFEST, manifest)
@@ -221,37 +231,36 @@ def append_line(path, line: str) -> None:
         f.write(line + "\n")
 
 
+def _existing(path) -> Path:
+    """`path`, or the nearest folder above it that exists."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    return path
+
+
 def same_disk(a, b) -> bool:
     """Whether two local paths (that may not exist yet) lie on one file system."""
-    def device(path) -> int:
-        path = Path(path).resolve()
-        while not path.exists():
-            path = path.parent
-        return path.stat().st_dev
-
-    return is_local(a) and is_local(b) and device(a) == device(b)
+    return is_local(a) and is_local(b) and _existing(a).stat().st_dev == _existing(b).stat().st_dev
 
 
 def free_bytes(root) -> int | None:
     """Free space on a local path's disk (the path may not exist yet); None on an object store."""
-    if not is_local(root):
-        return None
-    root = Path(root).resolve()
-    while not root.exists():
-        root = root.parent
-    return shutil.disk_usage(root).free
+    return shutil.disk_usage(_existing(root)).free if is_local(root) else None
 
 
 @contextlib.contextmanager
 def locked(out, what: str, wait: bool = False):
-    """Hold a lock on `out` while the task runs. A second process gets a clear error, or with
-    `wait` (workers of one central scheduler, which may hold two tasks with one output) waits."""
+    """Hold a lock on `out` while the task runs, yielding `held()`: whether it is still this
+    process's (an object store's lease may be taken over). A second process gets a clear error,
+    or with `wait` (workers of one central scheduler, which may hold two tasks with one output)
+    waits."""
     lock_path = _lock_path(out)
     busy = (f"{what} is already running in another process (it holds {lock_path}); "
             f"wait for it, or stop it and rerun")
     if not is_local(out):
-        with _object_lock(lock_path, busy, wait):
-            yield
+        with _object_lock(lock_path, busy, wait) as held:
+            yield held
         return
     try:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,18 +272,18 @@ def locked(out, what: str, wait: bool = False):
             fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             raise Busy(busy) from None
-        yield
-
+        yield lambda: True                 # an flock is released only with the process
 
 @contextlib.contextmanager
 def _object_lock(lock_path, busy: str, wait: bool):
     """A lease on an object store: the lock object names its holder and when its lease ends; a
     thread renews it while the task runs, and a lease past its end (a host that died) is taken
     over, in one line naming the old holder."""
-    token = uuid.uuid4().hex
-    lease = lambda: json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,  # noqa: E731
-                                "expires": time.time() + LEASE_S, "token": token}).encode()
-    since = time.time()
+    token, since = uuid.uuid4().hex, time.time()
+
+    def lease() -> bytes:
+        return json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "since": since,
+                           "expires": time.time() + LEASE_S, "token": token}).encode()
     while True:
         try:
             with lock_path.fs.open(lock_path.path, "xb") as f:  # a conditional put: only if absent
@@ -295,10 +304,7 @@ def _object_lock(lock_path, busy: str, wait: bool):
                                 name="lease-renewal")
     renewing.start()
     try:
-        yield
-        if lost:     # another worker took the task over: it completes the output, this one must not
-            raise UserError(f"{lock_path}: this process's lease ended while it computed (the store did not "
-                            f"answer its renewals) and another worker took its task over")
+        yield lambda: not lost
     finally:
         stop.set()
         renewing.join()

@@ -124,8 +124,8 @@ class DecoderArch:
         # multi-token-prediction blocks follow the trunk; a perplexity pass never runs them
         total = int(self.key(Keys.LLM.BLOCK_COUNT))
         if total > len(self.gguf.tensors):   # a block holds a tensor at least: a damaged count, refused before a loop
-            present = {n.split(".")[1] for n in self.gguf.tensors if n.startswith("blk.")}
-            missing = next(i for i in range(total) if str(i) not in present)
+            present = self.gguf.blocks()
+            missing = next(i for i in range(total) if i not in present)
             raise UserError(f"{self.gguf.path}: block_count is {total} but block {missing} has none")
         n_layers = total - int(self.key(Keys.LLM.NEXTN_PREDICT_LAYERS, 0))
         head_dim = int(self.key(Keys.Attention.KEY_LENGTH, hidden // max(n_head, 1)))

@@ -31,7 +31,7 @@ def check_shapes(arch) -> None:
            required=True)
     expect(arch, TENSOR_NAMES[MT.OUTPUT] + ".weight", (vocab, hp.hidden), "tokens x embedding_length")
     expect(arch, *arch.output_norm_shape(), required=True)
-    blocks = {int(n.split(".")[1]) for n in t if n.startswith("blk.") and n.split(".")[1].isdigit()}
+    blocks = arch.gguf.blocks()
     total = int(arch.key(Keys.LLM.BLOCK_COUNT))
     if blocks - set(range(total)) or set(range(hp.n_layers)) - blocks:
         odd = min((blocks - set(range(total))) or (set(range(hp.n_layers)) - blocks))
