@@ -11,11 +11,13 @@ from gguf import GGMLQuantizationType as Q
 from pipeline.errors import UserError
 from pipeline.gguf_io import dequant, host_dequant
 from pipeline.gguf_io.dequant import BLOCK_DEQUANTIZERS, Uploads, dequantize
+from pipeline.gguf_io.ggml_types import Q1_0, Q2_0
 
 QUANTIZABLE = [Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0]
 K_QUANTS = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 OTHER_TYPES = [Q.IQ4_NL, Q.IQ4_XS, Q.MXFP4, Q.NVFP4, Q.TQ1_0, Q.TQ2_0, Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ3_XXS,
                Q.IQ3_S, Q.IQ1_S]
+GGML_ONLY = [Q1_0, Q2_0]   # no gguf-py dequantizer: checked against ggml's own in test_one_two_bit_types.py
 
 
 def random_blocks(qtype: Q, rows: int, row_blocks: int, seed: int) -> np.ndarray:
@@ -63,7 +65,7 @@ def test_quantized_weights_match_gguf(qtype, path):
 
 
 def test_every_listed_type_has_a_torch_dequantizer():
-    listed = {Q.F32, Q.F16, Q.BF16, *QUANTIZABLE, *K_QUANTS, *OTHER_TYPES}
+    listed = {Q.F32, Q.F16, Q.BF16, *QUANTIZABLE, *K_QUANTS, *OTHER_TYPES, *GGML_ONLY}
     assert listed <= set(BLOCK_DEQUANTIZERS)
 
 
@@ -221,7 +223,7 @@ def test_the_common_file_types_have_compiled_host_loops():
         assert host_dequant.handles(qtype, torch.float32) and host_dequant.handles(qtype, torch.bfloat16)
 
 
-@pytest.mark.parametrize("qtype", sorted(host_dequant.KERNELS))
+@pytest.mark.parametrize("qtype", sorted(set(host_dequant.KERNELS) - set(GGML_ONLY)))
 def test_compiled_loops_round_to_bfloat16_as_torch_does(qtype, monkeypatch):
     """Into bfloat16: gguf-py's float32 values rounded as torch rounds them, ties to even, with
     every scale bit pattern (infinities and NaNs among them) and random quants."""

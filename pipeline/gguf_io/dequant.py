@@ -2,7 +2,8 @@
 
 Each function takes blocks as uint8 of shape (n_blocks, type_size) and returns float32 of
 shape (n_blocks, block_size), with the same float operations in the same order as gguf-py's
-numpy dequantizers, so the results are bit-identical to `gguf.quants.dequantize`.
+numpy dequantizers, so the results are bit-identical to `gguf.quants.dequantize`; the types
+gguf-py has no dequantizer for (Q1_0, Q2_0) follow ggml's dequantize_row_* the same way.
 """
 import functools
 import mmap
@@ -10,10 +11,11 @@ import time
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
+from gguf import quants
 
 from ..errors import UserError
+from .ggml_types import Q1_0, Q2_0, QUANT_SIZES, GGMLType
 
 QK_K = 256
 
@@ -234,6 +236,38 @@ def tq2_0(b):
     return _f16(d) * q.to(torch.float32)
 
 
+def _f16_as_ggml(b: torch.Tensor) -> torch.Tensor:
+    """(n, 2) uint8 little-endian float16 -> (n, 1) float32 as ggml_compute_fp16_to_fp32 makes
+    it: exact, and a NaN quieted with its sign and payload kept (torch's conversion gives every
+    NaN one pattern). Integer operations but for the subnormals' exact product: the same bits
+    on every device."""
+    h = b[:, :1].to(torch.int32) | (b[:, 1:2].to(torch.int32) << 8)
+    exp, man = (h >> 10) & 0x1F, h & 0x3FF
+    special = 0x7F800000 | (man << 13) | ((man != 0).to(torch.int32) << 22)   # infinity, quiet NaN
+    normal = ((h & 0x7FFF) << 13) + ((127 - 15) << 23)                         # exponent rebiased
+    bits = torch.where(exp == 0x1F, special, normal)
+    mag = torch.where(exp == 0, man.to(torch.float32) * 2.0 ** -24, bits.view(torch.float32))
+    return torch.where((h >> 15) == 1, -mag, mag)
+
+
+QK1_0, QK2_0 = QUANT_SIZES[Q1_0][0], QUANT_SIZES[Q2_0][0]
+
+
+def q1_0(b):
+    n = b.shape[0]
+    d, qs = b.split([2, QK1_0 // 8], dim=1)
+    d = _f16_as_ggml(d)                                                 # [n, 1]
+    set_ = _bits(qs, 1, 8).reshape(n, QK1_0) == 1                       # value j: bit j % 8 of byte j // 8
+    return torch.where(set_, d, -d)
+
+
+def q2_0(b):
+    n = b.shape[0]
+    d, qs = b.split([2, QK2_0 // 4], dim=1)
+    q = _bits(qs, 2, 4).reshape(n, QK2_0).to(torch.int32) - 1           # value j: field j % 4 of byte j // 4
+    return q.to(torch.float32) * _f16_as_ggml(d)
+
+
 def _grid(cls) -> torch.Tensor:
     """gguf-py's value grid of an IQ type, [entries, 8 or 4] float32."""
     if cls.grid is None:
@@ -372,7 +406,7 @@ BLOCK_DEQUANTIZERS = {
     Q.Q2_K: q2_k, Q.Q3_K: q3_k, Q.Q4_K: q4_k, Q.Q5_K: q5_k, Q.Q6_K: q6_k,
     Q.IQ4_NL: iq4_nl, Q.IQ4_XS: iq4_xs, Q.MXFP4: mxfp4, Q.TQ1_0: tq1_0, Q.TQ2_0: tq2_0,
     Q.IQ2_XXS: iq2_xxs, Q.IQ2_XS: iq2_xs, Q.IQ2_S: iq2_s, Q.IQ3_XXS: iq3_xxs, Q.IQ3_S: iq3_s,
-    Q.IQ1_S: iq1_s, Q.IQ1_M: iq1_m, Q.NVFP4: nvfp4,
+    Q.IQ1_S: iq1_s, Q.IQ1_M: iq1_m, Q.NVFP4: nvfp4, Q1_0: q1_0, Q2_0: q2_0,
 }
 
 
@@ -401,13 +435,13 @@ def plan_host_load(file_bytes: int) -> None:
         COMPILED_LOOPS[0] = True
 
 
-def dequantize(raw: np.ndarray, qtype: Q, device: torch.device | str = "cpu", name: str = "",
+def dequantize(raw: np.ndarray, qtype: GGMLType, device: torch.device | str = "cpu", name: str = "",
                dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
     float32 values cast to `dtype`, piece by piece; into `out` where it is given (a contiguous
     tensor of that shape, dtype and device). A type without a torch dequantizer goes through
     gguf-py's numpy one on the host, in the same pieces, so no copy of the whole tensor is made."""
-    block, type_size = GGML_QUANT_SIZES[qtype]
+    block, type_size = QUANT_SIZES[qtype]
     out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
     FILE_BYTES_READ[0] += raw.nbytes
     started = time.perf_counter()
@@ -495,7 +529,7 @@ class Uploads:
             yield start, piece
 
 
-def _with_gguf_py(qtype: Q, name: str):
+def _with_gguf_py(qtype: GGMLType, name: str):
     """gguf-py's numpy dequantizer of `qtype` as a block function: (n, type_size) uint8 on the
     host -> (n, block) float32."""
     def fn(piece: torch.Tensor) -> torch.Tensor:

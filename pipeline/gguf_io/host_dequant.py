@@ -5,19 +5,21 @@ holds a window's load to a few hundred MB/s of file bytes. These loops read each
 write its values once, in the dtype the window computes in, over the threads torch is given.
 Each takes blocks as uint8 (n_blocks, type_size) and writes (n_blocks, block_size) values: the
 same float32 operations in the same order as gguf-py's numpy dequantizers (so the float32
-values are bit-identical to `gguf.quants.dequantize`), and into bfloat16 the float32 value
-rounded to nearest even as torch rounds it.
+values are bit-identical to `gguf.quants.dequantize`; Q1_0's and Q2_0's to ggml's
+dequantize_row_*), and into bfloat16 the float32 value rounded to nearest even as torch rounds it.
 """
 import threading
 
 import numba
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES, quants
 from gguf import GGMLQuantizationType as Q
+from gguf import quants
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
+
+from .ggml_types import Q1_0, Q2_0, QUANT_SIZES, GGMLType
 
 F32 = np.float32
 IQ4_VALUES = np.asarray(quants.IQ4_NL.kvalues, dtype=np.float32)
@@ -51,11 +53,13 @@ def _bits_of(typingctx, value):
 
 @njit(inline="always")
 def _half(b, i, at):
-    """The little-endian float16 at byte `at` of block i, as float32 (exact, NaN payload kept)."""
+    """The little-endian float16 at byte `at` of block i, as float32 as ggml_compute_fp16_to_fp32
+    makes it (exact; a NaN quieted, its sign and payload kept)."""
     h = np.int64(b[i, at]) | (np.int64(b[i, at + 1]) << 8)
     sign, exp, man = (h & 0x8000) << 16, (h >> 10) & 0x1F, h & 0x3FF
     if exp == 0x1F:
-        return _as_float32(sign | 0x7F800000 | (man << 13))
+        quiet = 0x400000 if man else 0
+        return _as_float32(sign | 0x7F800000 | quiet | (man << 13))
     if exp != 0:
         return _as_float32(sign | ((exp + 112) << 23) | (man << 13))
     tiny = F32(man) * F32(2.0 ** -24)                         # zero or subnormal: exact in float32
@@ -251,24 +255,51 @@ def mxfp4(b, out, values):
             _store(out, i, 16 + k, d * values[q >> 4])
 
 
+@njit(inline="always")
+def _negated(value):
+    """-value with its sign bit flipped, a NaN's too (as C's unary minus)."""
+    return _as_float32(_bits_of(value) ^ 0x80000000)
+
+
+QK1_0, QK2_0 = QUANT_SIZES[Q1_0][0], QUANT_SIZES[Q2_0][0]
+
+
+@njit(**KERNEL)
+def q1_0(b, out):
+    for i in prange(b.shape[0]):
+        d = _half(b, i, 0)
+        minus_d = _negated(d)
+        for j in range(QK1_0):                                # value j: bit j % 8 of byte j // 8
+            _store(out, i, j, d if (b[i, 2 + (j >> 3)] >> (j & 7)) & 1 else minus_d)
+
+
+@njit(**KERNEL)
+def q2_0(b, out):
+    for i in prange(b.shape[0]):
+        d = _half(b, i, 0)
+        for j in range(QK2_0):                                # value j: field j % 4 of byte j // 4
+            q = np.int32((b[i, 2 + (j >> 2)] >> (2 * (j & 3))) & 3)
+            _store(out, i, j, F32(q - 1) * d)
+
+
 # per format: its loop and the value table it reads, if any
 KERNELS = {Q.Q4_0: (q4_0, None), Q.Q4_1: (q4_1, None), Q.Q5_0: (q5_0, None), Q.Q5_1: (q5_1, None),
            Q.Q8_0: (q8_0, None), Q.Q2_K: (q2_k, None), Q.Q3_K: (q3_k, None), Q.Q4_K: (q4_k, None),
            Q.Q5_K: (q5_k, None), Q.Q6_K: (q6_k, None), Q.IQ4_NL: (iq4_nl, IQ4_VALUES),
-           Q.IQ4_XS: (iq4_xs, IQ4_VALUES), Q.MXFP4: (mxfp4, MXFP4_VALUES)}
+           Q.IQ4_XS: (iq4_xs, IQ4_VALUES), Q.MXFP4: (mxfp4, MXFP4_VALUES), Q1_0: (q1_0, None), Q2_0: (q2_0, None)}
 DTYPES = {torch.float32: torch.float32, torch.bfloat16: torch.uint16}   # out dtype -> the view the loops write
 
 _one_at_a_time = threading.Lock()   # numba's default thread pool runs one parallel loop at a time
 
 
-def handles(qtype: Q, dtype: torch.dtype) -> bool:
+def handles(qtype: GGMLType, dtype: torch.dtype) -> bool:
     return qtype in KERNELS and dtype in DTYPES
 
 
-def dequantize_into(blocks: np.ndarray, qtype: Q, out: torch.Tensor) -> None:
+def dequantize_into(blocks: np.ndarray, qtype: GGMLType, out: torch.Tensor) -> None:
     """uint8 blocks (n, type_size) -> `out`, a contiguous CPU tensor of n * block values."""
     kernel, values = KERNELS[qtype]
-    block, _ = GGML_QUANT_SIZES[qtype]
+    block, _ = QUANT_SIZES[qtype]
     target = out.view(DTYPES[out.dtype]).view(blocks.shape[0], block).numpy()   # [n, block]
     source = np.ascontiguousarray(blocks).view()
     source.flags.writeable = False            # one compiled loop for file maps and for copies alike

@@ -3,7 +3,8 @@
 gguf-py's GGUFReader turns every tokenizer entry into numpy objects when it opens a file
 (seconds and hundreds of MB for a 262k vocabulary). A window task needs a few scalars and its
 own layers' bytes, so this index reads the header once, skips string arrays until they are
-asked for, and maps tensor data straight from the file. Type codes and sizes come from gguf-py.
+asked for, and maps tensor data straight from the file. Type codes and sizes come from gguf-py,
+and from ggml_types.py for the types ggml has that the installed gguf-py lacks.
 
 A model published in parts (`NAME-00001-of-00009.gguf`, as llama.cpp's gguf-split and gguf-py's
 writer name them) is one index over every part: metadata from the first, tensors from all, the
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, Keys
+from gguf import GGUFValueType, Keys
 
 from ..errors import UserError
+from .ggml_types import QUANT_SIZES, GGMLType, ggml_type
 from .page_reader import PAGE_READER
 
 GGUF_MAGIC = 0x46554747  # b"GGUF" read as little-endian uint32
@@ -43,7 +45,7 @@ _SCALAR = {
 @dataclass(frozen=True)
 class TensorInfo:
     name: str
-    qtype: GGMLQuantizationType
+    qtype: GGMLType
     shape: tuple[int, ...]  # numpy order: (..., rows, row_length)
     offset: int             # absolute byte offset in its file
     n_bytes: int
@@ -126,10 +128,10 @@ class GGUFFile:
 
     def _tensor_info(self, name: str, dims, qtype: int, offset: int) -> TensorInfo:
         try:
-            qtype = GGMLQuantizationType(qtype)
+            qtype = ggml_type(qtype)
         except ValueError:
             raise UserError(f"{self.path}: tensor {name} has unknown GGML type {qtype}") from None
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        block, type_size = QUANT_SIZES[qtype]
         if min(dims) < 1 or dims[0] % block:
             raise UserError(f"{self.path}: tensor {name} has dimensions {list(dims)}, which {qtype.name} cannot hold "
                             f"(every dimension at least 1, rows a multiple of {block})")
@@ -263,7 +265,7 @@ class GGUFIndex:
         """The tensor's bytes as uint8 of shape (..., rows, row_bytes), mapped, read-only."""
         info = self.tensors[name]
         data = np.frombuffer(self._maps[info.part], dtype=np.uint8, count=info.n_bytes, offset=info.offset)
-        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        block, type_size = QUANT_SIZES[info.qtype]
         return data.reshape(*info.shape[:-1], info.shape[-1] // block * type_size)
 
 

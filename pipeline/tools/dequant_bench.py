@@ -1,7 +1,8 @@
 """Dequantizers side by side: values/s of layercycle's host dequantizer of each type (a compiled
 loop where the type has one, else the torch operations) against gguf-py's numpy one on the same
 blocks; MB/s of file bytes read from a file in the page cache, as a window's load reads
-them (its pages mapped anew each time), into float32 and bfloat16; and the peak memory of
+them (its pages mapped anew each time), into float32 and bfloat16 (a type gguf-py cannot
+dequantize, as Q1_0 and Q2_0, shows layercycle's rate alone); and the peak memory of
 dequantizing a tensor piece by piece against gguf-py on the whole tensor copied into torch (what
 the fallback did before it went piece by piece).
 
@@ -20,11 +21,12 @@ import numpy as np
 
 PEAK = """
 import json, sys, numpy as np, torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, quants
+from gguf import quants
 from pipeline.gguf_io.dequant import dequantize
+from pipeline.gguf_io.ggml_types import QUANT_SIZES, type_named
 from pipeline.store.timing import peak_rss_mb, reset_peak_rss
-qtype, values, whole = GGMLQuantizationType[sys.argv[1]], int(sys.argv[2]), sys.argv[3] == "whole"
-block, size = GGML_QUANT_SIZES[qtype]
+qtype, values, whole = type_named(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "whole"
+block, size = QUANT_SIZES[qtype]
 raw = np.random.default_rng(0).integers(0, 256, (values // block, size), dtype=np.uint8)
 raw[:, :2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)   # finite scales
 reset_peak_rss()
@@ -38,9 +40,9 @@ print(json.dumps({"extra_mb": peak_rss_mb() - base, "out_mb": out.numel() * 4 / 
 
 
 def random_blocks(qtype, n_values: int) -> np.ndarray:
-    from gguf import GGML_QUANT_SIZES
+    from ..gguf_io.ggml_types import QUANT_SIZES
 
-    block, size = GGML_QUANT_SIZES[qtype]
+    block, size = QUANT_SIZES[qtype]
     return np.random.default_rng(1).integers(0, 256, (n_values // block, size), dtype=np.uint8)
 
 
@@ -55,20 +57,25 @@ def best_of(fn, repetitions: int) -> float:
 
 def bench_dequantizers(cfg: dict) -> None:
     import torch
-    from gguf import GGMLQuantizationType, quants
+    from gguf import quants
 
     from ..gguf_io.dequant import COMPILED_LOOPS, dequantize
+    from ..gguf_io.ggml_types import type_named
 
     torch.set_num_threads(cfg["threads"])
     COMPILED_LOOPS[0] = True   # as in a pass over a large model: the compiled loop where a type has one
     print(f"\n{'type':<8} {'layercycle Mvalues/s':>21} {'gguf-py Mvalues/s':>18} {'ratio':>6}")
     for name in cfg["types"]:
-        qtype = GGMLQuantizationType[name]
+        qtype = type_named(name)
         raw = random_blocks(qtype, cfg["values"])
         ours = best_of(lambda: dequantize(raw, qtype), cfg["repetitions"])
-        with np.errstate(all="ignore"):   # random scales: some are NaN or inf, on both sides alike
-            theirs = best_of(lambda: quants.dequantize(raw, qtype), cfg["repetitions"])
         n = cfg["values"] / 1e6
+        try:
+            with np.errstate(all="ignore"):   # random scales: some are NaN or inf, on both sides alike
+                theirs = best_of(lambda: quants.dequantize(raw, qtype), cfg["repetitions"])
+        except NotImplementedError:           # a type only ggml has
+            print(f"{name:<8} {n / ours:>21,.1f} {'-':>18} {'-':>6}")
+            continue
         print(f"{name:<8} {n / ours:>21,.1f} {n / theirs:>18,.1f} {theirs / ours:>6.2f}")
     bench_file_rates(cfg)
     name, values = cfg["fallback_type"], cfg["fallback_values"]
@@ -88,13 +95,13 @@ def bench_file_rates(cfg: dict) -> None:
     dropped from the process before each repetition, as a window's load finds them: into a
     weight block kept from the last window (every window but the first), into a new one (the
     first), and, beside them, through the torch dequantizers a GPU runs, here on the CPU."""
-    from gguf import GGMLQuantizationType
+    from ..gguf_io.ggml_types import type_named
 
     print(f"\n{'MB/s of file bytes':<18} {'into float32':>38} {'into bfloat16':>38}")
     print(f"{'type':<8} {'file MB':>9}" + f" {'kept block':>12} {'new block':>12} {'torch ops':>12}" * 2)
     with tempfile.TemporaryDirectory() as tmp:
         for name in cfg["file_rate_types"]:
-            qtype = GGMLQuantizationType[name]
+            qtype = type_named(name)
             blocks = random_blocks(qtype, cfg["values"])
             path = Path(tmp) / name
             blocks.tofile(path)
@@ -108,14 +115,14 @@ def bench_file_rates(cfg: dict) -> None:
 def file_rates(mapped: mmap.mmap, shape: tuple, qtype, repetitions: int) -> list[float]:
     """[kept, new, torch] MB/s into float32, then the same into bfloat16."""
     import torch
-    from gguf import GGML_QUANT_SIZES
 
     from ..gguf_io.dequant import COMPILED_LOOPS, dequantize
+    from ..gguf_io.ggml_types import QUANT_SIZES
     from ..model.weight_block import WeightBlock
 
     raw = np.frombuffer(mapped, dtype=np.uint8).reshape(shape)
     raw.max()                                   # the file in the page cache
-    values = shape[0] * GGML_QUANT_SIZES[qtype][0]
+    values = shape[0] * QUANT_SIZES[qtype][0]
 
     def load(dtype, block: WeightBlock | None):
         mapped.madvise(mmap.MADV_DONTNEED)      # its pages faulted in anew, from the cache

@@ -23,11 +23,12 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGML_QUANT_SIZES, Keys
 from gguf import MODEL_TENSOR as MT
+from gguf import Keys
 
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
+from ...gguf_io.ggml_types import QUANT_SIZES
 from .blocks import Attention, AttentionSpec, Weights, rms_norm, wide
 from .family import FLOAT32_TENSORS, LayerSpec
 from .ffn import MLP, MoE, Routed, route
@@ -150,7 +151,7 @@ class PerLayerInputs(Weights):
         quantization blocks (else the whole rows, sliced after): [U, last - first, width]."""
         gguf, P, name = self.arch.gguf, self.arch.per_layer_width, "per_layer_token_embd.weight"
         qtype = gguf.tensors[name].qtype
-        block, type_size = GGML_QUANT_SIZES[qtype]
+        block, type_size = QUANT_SIZES[qtype]
         a, b = self.first * P, self.last * P
         raw = gguf.raw(name)[tokens]                                                    # [U, row bytes]
         if a % block or b % block:
