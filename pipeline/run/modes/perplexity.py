@@ -1,5 +1,8 @@
 """Perplexity over a corpus cut into sequences (run/corpus_plan.py), and KL-divergence against a
 base model's distributions over the same sequences."""
+import functools
+import os
+
 import numpy as np
 from gguf import Keys
 
@@ -13,8 +16,6 @@ class Perplexity(Mode):
     name = "perplexity"
 
     def plan(self, spec) -> ModePlan:
-        from ...gguf_io.reader import open_gguf
-        from ...gguf_io.tokenizer import load_tokenizer
         from ..corpus_plan import plan_sequences
         from ..evaltask import corpus_text, llama_prompt
         from ..tokens_file import read_tokens_file
@@ -29,8 +30,8 @@ class Perplexity(Mode):
             text, _ = corpus_text(spec.eval_task, spec.corpus)
             if spec.method.name == "llama-cpp":     # read as llama-perplexity reads -f; stride: as it is
                 text = llama_prompt(text, spec.escape)
-            tokens = np.array(load_tokenizer(open_gguf(str(spec.model_path))).encode(text, add_bos=spec.method.bos),
-                              dtype=np.int32)
+            stat = os.stat(spec.model_path)
+            tokens = encoded(str(spec.model_path), (stat.st_size, stat.st_mtime_ns), text, spec.method.bos)
         from ..logits_file import is_logits_file
 
         whole = bool(spec.tokens_file) and is_logits_file(spec.tokens_file)
@@ -78,3 +79,16 @@ class KLDivergence(Perplexity):
             ("PPL(Q) / PPL(base)", f"{k['ppl_ratio']:.6f} (base PPL {k['ppl_base']:.4f})"),
             ("Log-prob correlation", f"{100 * k['logprob_correlation']:.3f}%"),
         ]
+
+
+@functools.lru_cache(maxsize=4)
+def encoded(model_path: str, stamp: tuple[int, int], text: str, add_bos: bool | None) -> np.ndarray:
+    """`text`'s ids by the tokenizer of the model file as it is (`stamp`: its size and change
+    time), kept for the process: a run plans its sequences while Luigi schedules it and again in
+    its Tokenize task, and a sweep plans each point over the same corpus. Read-only: int32 [tokens]."""
+    from ...gguf_io.reader import open_gguf
+    from ...gguf_io.tokenizer import load_tokenizer
+
+    tokens = np.array(load_tokenizer(open_gguf(model_path)).encode(text, add_bos=add_bos), dtype=np.int32)
+    tokens.flags.writeable = False
+    return tokens
