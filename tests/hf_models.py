@@ -14,7 +14,7 @@ import functools
 import json
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -25,8 +25,12 @@ LLAMA_CPP_PYTHON = "0.3.36"
 VOCAB = 384
 INIT = 0.25
 
-CONVERT = """
-import runpy, sys
+# one process imports the converter for every conversion of a session (each would otherwise import
+# torch, transformers and the converter again), and forks a child of its own for each, since a
+# conversion leaves settings on the converter's classes; it reads a JSON list of arguments per line
+# and answers "ok", or what the converter logged at WARNING and above with the traceback
+CONVERTER = """
+import io, json, logging, os, runpy, sys, traceback
 sys.path.insert(0, {llama!r})
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
@@ -37,8 +41,25 @@ import conversion.deepseek
 conversion.deepseek.DeepseekV32Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 import conversion.phi
 conversion.phi.Phi3MiniModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
-sys.argv = ["convert_hf_to_gguf.py", *{args!r}]
-runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
+answers, sys.stdout = sys.stdout, sys.stderr     # what the converter prints goes with its log
+for line in sys.stdin:
+    read, write = os.pipe()
+    if (child := os.fork()) == 0:
+        sys.argv, log = ["convert_hf_to_gguf.py", *json.loads(line)], io.StringIO()
+        logging.root.handlers[:] = [logging.StreamHandler(log)]
+        try:
+            runpy.run_path({llama!r} + "/convert_hf_to_gguf.py", run_name="__main__")
+            answer = "ok"
+        except BaseException:
+            answer = log.getvalue() + traceback.format_exc()
+        with os.fdopen(write, "w") as pipe:
+            pipe.write(answer)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        answer = pipe.read()
+    status = os.waitpid(child, 0)[1]
+    print(json.dumps(answer or f"the converting process ended with status {{status}}"), file=answers, flush=True)
 """
 
 
@@ -643,6 +664,33 @@ SPECS = {
         | dict(tie_word_embeddings=True), prepare=gemma4_scalars),
 }
 
+# a member at real width (tests/test_activation_memory.py): hidden 2048 (the tiny ones' 64 x 32) in
+# heads of a real model's size (attention's 64, MLA's 64 + 32, the recurrent mixers' 64 and 128, as
+# many more of them as make up the width), state and latent ranks as DeepSeek's and Mamba2's,
+# feed-forward blocks 16 times as wide
+WIDE = "@2048"
+WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "mamba_d_ssm"), 32),
+         **dict.fromkeys(("kv_lora_rank",), 16),
+         **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "num_sliding_attention_heads",
+                          "swa_num_attention_heads", "swa_num_key_value_heads", "mamba_num_heads", "mamba_n_heads",
+                          "linear_key_head_dim", "linear_value_head_dim", "ssm_state_size", "mamba_d_state"), 8),
+         **dict.fromkeys(("head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swa_head_dim",
+                          "swa_v_head_dim", "global_head_dim", "mamba_head_dim", "mamba_d_head",
+                          "linear_num_key_heads", "linear_num_value_heads"), 4),
+         **dict.fromkeys(("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
+                          "share_expert_dim", "shared_intermediate_size", "prefix_dense_intermediate_size"), 16)}
+
+
+def wide(spec: Spec) -> Spec:
+    def wider(config: dict) -> dict:
+        return {k: v * WIDER[k] if k in WIDER and isinstance(v, int) else v for k, v in config.items()}
+    return replace(spec, kwargs=wider(spec.kwargs), raw_config=wider(spec.raw_config))
+
+
+SPECS |= {name + WIDE: wide(spec) for name, spec in list(SPECS.items())}
+# ERNIE's converter writes the shared experts' width as intermediate_size // num_key_value_heads
+SPECS["ernie4_5-moe" + WIDE].kwargs["num_key_value_heads"] = 2
+
 
 def build_hf(name: str, out: Path, seed: int = 0):
     """Save a random model `name` (and the tiny tokenizer) under `out`; return the model."""
@@ -683,13 +731,23 @@ def build_hf(name: str, out: Path, seed: int = 0):
     return model
 
 
-def convert(hf_dir: Path, out: Path, outtype: str = "f32", extra: tuple = ()) -> Path:
+@functools.cache
+def converter() -> subprocess.Popen:
+    """The session's converting process, started on the first conversion."""
     llama = str(llama_cpp_source(LLAMA_CPP_PYTHON))
-    args = [str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra]
-    done = subprocess.run([sys.executable, "-c", CONVERT.format(llama=llama, args=args)],
-                          capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}")
+    return subprocess.Popen([sys.executable, "-c", CONVERTER.format(llama=llama)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def convert(hf_dir: Path, out: Path, outtype: str = "f32", extra: tuple = ()) -> Path:
+    process = converter()
+    process.stdin.write(json.dumps([str(hf_dir), "--outfile", str(out), "--outtype", outtype, *extra]) + "\n")
+    process.stdin.flush()
+    answer = process.stdout.readline()
+    if not answer:
+        raise RuntimeError(f"convert_hf_to_gguf.py's process ended (exit {process.wait()})")
+    if (answer := json.loads(answer)) != "ok":
+        raise RuntimeError(f"convert_hf_to_gguf.py failed:\n{answer[-3000:]}")
     return out
 
 
@@ -698,3 +756,45 @@ def tiny_model(name: str, root: Path, outtype: str = "f32"):
     hf_dir = root / f"{name}-hf"
     model = build_hf(name, hf_dir)
     return model, convert(hf_dir, root / f"{name}-{outtype}.gguf", outtype, SPECS[name].convert_args)
+
+
+def wide_model(name: str, root: Path) -> Path:
+    """Member `name` at real width (WIDE), converted to float16; its Hugging Face folder removed."""
+    import shutil
+
+    hf_dir = root / f"{name}{WIDE}-hf"
+    build_hf(name + WIDE, hf_dir)
+    path = convert(hf_dir, root / f"{name}{WIDE}-f16.gguf", "f16", SPECS[name].convert_args)
+    shutil.rmtree(hf_dir)
+    return path
+
+
+def synthetic_member(m, folder: Path, tokenizer_from: Path) -> Path:
+    """A member of the conformance matrix that pipeline/tools/synthetic.py writes, as FOLDER/NAME.gguf,
+    with the tokenizer of `tokenizer_from` (the converted member its tokenizer_from names)."""
+    from pipeline.tools.synthetic import Shape, write_synthetic_gguf
+
+    shape = {k: v for k, v in m.synthetic.items() if k != "tokenizer_from"}
+    return write_synthetic_gguf(folder / f"{m.name}.gguf", Shape(**shape), tokenizer_from)
+
+
+def write_members(folder: Path) -> None:
+    """Every member of the conformance matrix as FOLDER/NAME.gguf, as `python -m pipeline.gpu_check`
+    reads them on a machine without the converter: the converted ones, then the synthetic ones."""
+    import tempfile
+
+    from pipeline.tools.architectures import MATRIX
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in sorted(MATRIX, key=lambda m: bool(m.synthetic)):
+            if m.synthetic:
+                synthetic_member(m, folder, folder / f"{m.synthetic['tokenizer_from']}.gguf")
+            else:
+                build_hf(m.name, Path(tmp) / m.name)
+                convert(Path(tmp) / m.name, folder / f"{m.name}.gguf", "f32", SPECS[m.name].convert_args)
+            print(folder / f"{m.name}.gguf")
+
+
+if __name__ == "__main__":
+    write_members(Path(sys.argv[1]))

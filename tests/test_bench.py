@@ -158,6 +158,35 @@ def test_gpu_check_flow_on_the_cpu(capsys, model_path, tmp_path, monkeypatch):
     assert [line.split(" (")[0] for line in summary] == ["smollm2-135m: ok", "moe: ok", "KL smollm2-135m vs moe: ok"]
 
 
+def test_gpu_check_matrix_flow_on_the_cpu(capsys, tiny_model, tmp_path, monkeypatch):
+    """The matrix part of the check, the CPU standing in for the GPU: a member whose experts are
+    sliced, one whose experts are held whole (no sliced pass), and a member without its file."""
+    from pipeline.tools import gpu_check
+    from pipeline.tools.architectures import MATRIX
+
+    from .helpers import HEAD40K
+
+    members = [m for m in MATRIX if m.name in ("qwen3moe", "glm-dsa")]
+    for m in members:
+        (tmp_path / f"{m.name}.gguf").symlink_to(tiny_model(m.name)[1])
+    monkeypatch.setattr(gpu_check, "MATRIX", members)
+    cfg = {"corpus": str(HEAD40K), "device": "cpu", "compute_dtype": "bfloat16", "matrix": {
+        "folder": str(tmp_path), "chunks": 2, "sequences_per_chunk": 2, "compute_dtype": "float32",
+        "mean_nll_nats": 0.001}}
+    assert gpu_check.check_all(cfg)
+    out = capsys.readouterr().out.splitlines()
+    rows = {row[0][2:]: row for row in (line.split(" | ") for line in out) if row[2:3] == ["cpu float32"]}
+    assert list(rows) == ["qwen3moe", "glm-dsa"]
+    assert rows["qwen3moe"][-2].startswith("cycled == whole, sliced == whole, whole ")
+    assert rows["glm-dsa"][7] == "-" and rows["glm-dsa"][-2].startswith("cycled == whole, whole ")
+    assert all(r[-1] == "ok |" for r in rows.values())
+    assert [line.split(" (")[0] for line in out[out.index("## Summary") + 2:]] == [
+        "matrix qwen3moe: ok", "matrix glm-dsa: ok"]
+    monkeypatch.setattr(gpu_check, "MATRIX", [m for m in MATRIX if m.name == "qwen3"])
+    with pytest.raises(UserError, match=r"qwen3.gguf is missing: `python -m tests.hf_models "):
+        gpu_check.check_all(cfg)
+
+
 def test_a_llama_perplexity_run_that_lost_its_final_estimate_is_run_again(monkeypatch):
     import subprocess
 

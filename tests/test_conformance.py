@@ -14,34 +14,28 @@ from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import ARCHITECTURES, load_architecture
 from pipeline.model.arch.experts import expert_tensor_names
-from pipeline.run.placement import Window
 from pipeline.store import outputs
-from pipeline.tools.architectures import MATRIX, Member
+from pipeline.tools.architectures import MATRIX, Member, sliced_windows
 
 from .helpers import forward, random_ids, run_pipeline
+from .hf_models import synthetic_member
 
 BY_NAME = {m.name: m for m in MATRIX}
 WITH_EXPERTS = [m.name for m in MATRIX if m.experts]
-# two chunks of two sequences and a third of one in each window, so that a kill can fall on any of
-# them; DeepSeek-V4's heavily compressed layer needs 128 keys before its first entry
+# two chunks of two sequences and a third of one in each window, so that a kill can fall on any of them
 COMMON = dict(chunks=5, sequences_per_chunk=2)
-CTX = {"deepseek4": 256}
 
 
 @pytest.fixture(scope="module")
-def member_model(tiny_model, tmp_path_factory, model_path):
+def member_model(tiny_model, tmp_path_factory):
     """The GGUF path of a member, built once per session (converted, or written by the synthetic writer)."""
-    from pipeline.tools.synthetic import Shape, write_synthetic_gguf
-
     root, written = tmp_path_factory.mktemp("members"), {}
 
     def get(m: Member):
         if not m.synthetic:
             return tiny_model(m.name)[1]
         if m.name not in written:
-            shape = {k: v for k, v in m.synthetic.items() if k != "tokenizer_from"}
-            written[m.name] = write_synthetic_gguf(root / f"{m.name}.gguf", Shape(**shape),
-                                                   model_path(m.synthetic["tokenizer_from"]))
+            written[m.name] = synthetic_member(m, root, tiny_model(m.synthetic["tokenizer_from"])[1])
         return written[m.name]
     return get
 
@@ -60,7 +54,7 @@ def whole(member_model, tmp_path_factory):
 
 
 def params(m: Member, member_model) -> dict:
-    return dict(model=str(member_model(m)), ctx=CTX.get(m.name, 64), **COMMON)
+    return dict(model=str(member_model(m)), ctx=m.ctx, **COMMON)
 
 
 def same_numbers(a: dict, b: dict) -> bool:
@@ -113,7 +107,7 @@ def test_expert_slices_equal_the_held_layers(name, member_model, whole, tmp_path
             PerplexityRun(device="cpu", run_root=str(tmp_path), device_memory=f"{budget}KiB",
                           **params(m, member_model)).placement(check_memory=False)
         return
-    windows = [Window("cpu", i, i + 1, 2 if i in moe else 1) for i in range(arch.hp.n_layers)]
+    windows = sliced_windows(gguf, "cpu")
     monkeypatch.setattr(PerplexityRun, "placement", lambda self, *args, **kwargs: windows)
     sliced = run_pipeline(tmp_path, **params(m, member_model))
     assert [w["expert_slices"] for w in sliced["placement"]] == [w.expert_slices for w in windows]

@@ -22,11 +22,23 @@ reserved), and checks:
 - where a model sets `sliced` (a `device_memory` below one layer, and a `compute_dtype`): the
   pass planned for that budget runs its layers in expert slices, and equals the whole-trunk
   pass in that dtype on the GPU, every sequence's NLL bit for bit;
-- the KL pass's two perplexities equal the two models' own passes exactly.
+- the KL pass's two perplexities equal the two models' own passes exactly;
+- one case of every architecture (the settings' [matrix]): each member of the conformance matrix
+  (pipeline/tools/architectures.py), its tiny model read from the settings' folder, which
+  `python -m tests.hf_models FOLDER` writes on a machine with llama.cpp's converter (carry it to
+  the GPU machine with the repository): a float32 pass on the CPU, then on the GPU in the
+  [matrix] compute dtype (float32: each family's math on CUDA; the conformance test checks
+  bfloat16 against the family's bound) a whole-trunk pass, one in 1-layer windows, a split one
+  (`--gpu-layers 2 --first-layer 1`) and, for a family with routed experts that it slices, one
+  with each such layer in two expert slices; 1-layer windows and slices equal the whole trunk
+  every sequence's NLL bit for bit, the whole and split passes lie within `mean_nll_nats` of the
+  CPU's mean NLL.
 
 Exits 1 when a check fails.
 """
 import argparse
+import contextlib
+import io
 import json
 import sys
 import tempfile
@@ -37,19 +49,31 @@ from pathlib import Path
 import luigi
 
 from ..errors import UserError
+from ..flow.entry import PerplexityRun
 from ..paths import CONFIGS, REPO_ROOT
+from ..run.placement import format_placement, parse_placement
+from .architectures import MATRIX, Member, sliced_windows
 from .synthetic import synthetic_or_registered
 
 
-def run(model: Path, cfg: dict, ctx: int, root: Path, **params) -> tuple[dict, list[dict]]:
-    """One pass: its result and the manifests of its window tasks, in layer order."""
-    from ..flow.entry import PerplexityRun
+class PlacedRun(PerplexityRun):
+    """A pass in the windows given (as a placement record writes them), not planned for a budget:
+    the matrix's sliced case, every layer with routed experts in slices of a tiny model."""
+    windows = luigi.Parameter()
 
+    def placement(self, *args, **kwargs) -> list:
+        return parse_placement(self.windows)
+
+
+def run(model: Path, cfg: dict, ctx: int, root: Path, task=PerplexityRun, **params) -> tuple[dict, list[dict]]:
+    """One pass: its result and the manifests of its window tasks, in layer order."""
     result = root / "result.json"
     params = {"device": cfg["device"], "compute_dtype": cfg["compute_dtype"], **params}
-    task = PerplexityRun(model=str(model), task="wikitext-2", corpus=cfg["corpus"], ctx=ctx, chunks=cfg["chunks"],
-                         run_root=str(root), result_json=str(result), **params)
-    if not luigi.build([task], local_scheduler=True, log_level="WARNING"):
+    task = task(model=str(model), task="wikitext-2", corpus=cfg["corpus"], ctx=ctx, chunks=cfg["chunks"],
+                run_root=str(root), result_json=str(result), **params)
+    with contextlib.redirect_stdout(io.StringIO()):     # each pass's report: its figures are in the tables
+        built = luigi.build([task], local_scheduler=True, log_level="WARNING")
+    if not built:
         raise UserError(f"the pass {params} on {model.name} failed")
     manifests = [json.loads(p.read_text()) for p in root.glob("LayerWindow/*/manifest.json")]
     return json.loads(result.read_text()), sorted(manifests, key=lambda m: m["identity"]["layers"])
@@ -128,8 +152,63 @@ def check_model(alias: str, cfg: dict) -> tuple[bool, dict]:
 
 
 def identical(label: str, a: dict, b: dict) -> bool:
-    same = [w["mean_nll"] for w in a["per_window"]] == [w["mean_nll"] for w in b["per_window"]]
+    same = same_sequences(a, b)
     return check(label, same, "every sequence's NLL identical" if same else "sequences differ")
+
+
+def member_path(m: Member, folder: Path) -> Path:
+    path = folder / f"{m.name}.gguf"
+    if not path.is_file():
+        raise UserError(f"{path} is missing: `python -m tests.hf_models {folder}` writes the matrix's models "
+                        "(on a machine with llama.cpp's converter; carry the folder to this one)")
+    return path
+
+
+def check_member(m: Member, cfg: dict) -> bool:
+    """One member of the conformance matrix in the [matrix] settings' dtype: its passes on the
+    device against each other (bit for bit) and against a float32 pass on the CPU (within the
+    settings' nats); one table row."""
+    from ..gguf_io.reader import open_gguf
+    from ..model.arch import load_architecture
+
+    own = cfg["matrix"]
+    model = member_path(m, REPO_ROOT / own["folder"])
+    gguf = open_gguf(str(model))
+    dev, dtype, tol = cfg["device"], own["compute_dtype"], own["mean_nll_nats"]
+    cfg = cfg | {"chunks": own["chunks"], "compute_dtype": dtype}
+    plans = {"cpu": dict(device="cpu", window_layers=0, compute_dtype="float32"), "whole": dict(window_layers=0),
+             "cycled": dict(window_layers=1), "split": dict(window_layers=1, gpu_layers=2, first_layer=1)}
+    if m.experts and load_architecture(gguf).sliceable_experts:
+        plans["sliced"] = dict(task=PlacedRun, windows=format_placement(sliced_windows(gguf, dev)))
+    with tempfile.TemporaryDirectory(prefix="layercycle-gpu-check-") as tmp:
+        r = {name: run(model, cfg, m.ctx, Path(tmp) / name, sequences_per_chunk=own["sequences_per_chunk"],
+                       **params)[0] for name, params in plans.items()}
+    same = {name: same_sequences(r[name], r["whole"]) for name in ("cycled", "sliced") if name in r}
+    off = {name: abs(r[name]["mean_nll"] - r["cpu"]["mean_nll"]) for name in ("whole", "split")}
+    ok = all(same.values()) and max(off.values()) <= tol
+    cells = [f"{r[n]['mean_nll']:.6f}" if n in r else "-" for n in ("cpu", "whole", "cycled", "split", "sliced")]
+    verdict = ", ".join([f"{name} == whole" if same[name] else f"{name} != whole" for name in same] +
+                        [f"{name} {off[name]:.2e} nats from the CPU's" for name in off])
+    print(f"| {m.name} | {m.architecture} | {dev} {dtype} | {' | '.join(cells)} | {verdict} | "
+          f"{'ok' if ok else 'FAIL'} |")
+    return ok
+
+
+def check_matrix(cfg: dict) -> list[tuple[str, bool, float]]:
+    """Every member of the conformance matrix: a table row each, and its summary line."""
+    print("\n## The conformance matrix's members\n")
+    print("| member | architecture | device | cpu float32 whole | whole | 1-layer windows | split | "
+          "expert slices | checks | |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    summary = []
+    for m in MATRIX:
+        started = time.perf_counter()
+        summary.append((f"matrix {m.name}", check_member(m, cfg), time.perf_counter() - started))
+    return summary
+
+
+def same_sequences(a: dict, b: dict) -> bool:
+    return [w["mean_nll"] for w in a["per_window"]] == [w["mean_nll"] for w in b["per_window"]]
 
 
 def check_kl(cfg: dict, own: dict[str, dict]) -> bool:
@@ -174,13 +253,15 @@ def main(argv=None) -> int:
 def check_all(cfg: dict) -> bool:
     """Every model's checks, then the KL pass; a summary line per case at the end."""
     summary, own = [], {}
-    for alias in cfg["models"]:
+    for alias in cfg.get("models", {}):
         started = time.perf_counter()
         passed, own[alias] = check_model(alias, cfg)
         summary.append((alias, passed, time.perf_counter() - started))
     if cfg.get("kl"):
         started = time.perf_counter()
         summary.append(("KL " + " vs ".join(cfg["kl"]), check_kl(cfg, own), time.perf_counter() - started))
+    if cfg.get("matrix"):
+        summary += check_matrix(cfg)
     print("\n## Summary\n")
     for case, passed, seconds in summary:
         print(f"{case}: {'ok' if passed else 'FAIL'} ({seconds:.0f} s)")

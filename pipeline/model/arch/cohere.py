@@ -59,6 +59,9 @@ class CommandR(DecoderArch):
     def qk_norm_shapes(self, a: AttentionSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
         return (a.n_head, a.key_dim), (a.n_kv, a.key_dim)
 
+    def activation_floats(self, i: int) -> int:
+        return super().activation_floats(i) + self.hp.hidden   # diff: the FFN's output held while the attention runs
+
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         return logits * self.logit_scale if self.logit_scale else logits
 

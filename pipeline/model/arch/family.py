@@ -220,11 +220,11 @@ class DecoderArch:
         """Float32 values per token that layer i's forward holds at its peak, from what the layer has
         (measured on the CPU for dense, MoE, attention-only and Mamba2 layers: tests/test_memory.py):
         the residual stream, 2.5 x hidden; an attention or a short convolution, twice its widest
-        projection; a dense or shared MLP, twice its width; routed experts, 2 x hidden and 8 per
-        expert (router logits, probabilities, the sort), and twice their width where a gated unit
-        clamps them; a recurrent mixer, 9 x its widest
-        projection (its blockwise scan); twice what the boundaries before and after it carry
-        beside the hidden state (boundary_width)."""
+        projection, and twice more where its K is as wide as its Q (no grouped heads); a dense or
+        shared MLP, twice its width; routed experts, 2 x hidden and 8 per expert (router logits,
+        probabilities, the sort), and twice their width where a gated unit clamps them; a recurrent
+        mixer, 9 x its widest projection (its blockwise scan); twice what the boundaries before and
+        after it carry beside the hidden state (boundary_width)."""
         rows: dict[str, int] = {}
         for t in self.gguf.layer_tensors(i):
             kind = t.name.split(".")[2]
@@ -233,7 +233,10 @@ class DecoderArch:
                          "experts" if kind.endswith("_exps") else "router" if kind == "ffn_gate_inp" else
                          "mlp" if kind.startswith("ffn_") else "other")
                 rows[group] = max(rows.get(group, 0), t.shape[-2])
+                rows[kind] = t.shape[-2]
         floats = 2.5 * self.hp.hidden + 2 * rows.get("attn", 0) + 2 * rows.get("mlp", 0)
+        if rows.get("attn_k", 0) >= rows.get("attn_q", 1):   # K and V as wide as Q beside its temporaries
+            floats += 2 * rows["attn"]                         # (no grouped heads; measured: OLMoE)
         if "router" in rows:
             floats += 2 * self.hp.hidden + 8 * rows["router"]
         if "experts" in rows and self.gated_unit(i) is not None:   # a clamped SwiGLU's copies of an expert's
