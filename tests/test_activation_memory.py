@@ -99,7 +99,14 @@ def test_every_converted_family_at_real_width_is_counted_within_twice_its_peak(t
     """The families measured on neither a registered nor a synthetic model: each converted member at
     hidden 2048 (tests/hf_models.py's WIDE: every layer kind of the tiny member), ctx 512, a few at a
     time (each file is some hundred MB); phi3 stands for phi3_longrope, whose RoPE factors count the
-    tiny heads' rotated pairs. Measured (MiB, peak / counted): """
+    tiny heads' rotated pairs. Measured (MiB, peak / counted): qwen3 97 / 112, qwen2moe 98 / 144,
+    qwen3vl 96 / 112, qwen3vlmoe 96 / 112, qwen35 343 / 432, qwen35moe 337 / 464, gemma2 292 / 368,
+    nemotron_h 312 / 374, glm-dsa 183 / 242, glm4moe 97 / 144, glm4 96 / 128, mistral3 97 / 112,
+    mistral4 182 / 208, minimax-m2 100 / 112, ernie4_5-moe 112 / 144, exaone4 80 / 112, smollm3
+    96 / 112, olmo2 80 / 112, olmo3 81 / 112, olmoe 130 / 144, seed_oss 96 / 112, granite 96 / 112,
+    granitemoe 96 / 144, granitehybrid 585 / 729, phi3 105 / 160, command-r 112 / 128, cohere2
+    112 / 128, cohere2moe 114 / 160, lfm2 169 / 176, lfm2moe 160 / 176, falcon-h1 329 / 438, afmoe
+    117 / 144, mimo2 300 / 400, step35 145 / 176."""
     from pipeline.tools.architectures import CONVERTED_WIDE, MATRIX, PREFLIGHT_MEASURED
 
     from .hf_models import wide_model
