@@ -170,10 +170,11 @@ def test_gpu_check_matrix_flow_on_the_cpu(capsys, tiny_model, tmp_path, monkeypa
     for m in members:
         (tmp_path / f"{m.name}.gguf").symlink_to(tiny_model(m.name)[1])
     monkeypatch.setattr(gpu_check, "MATRIX", members)
-    cfg = {"corpus": str(HEAD40K), "device": "cpu", "compute_dtype": "bfloat16", "matrix": {
-        "folder": str(tmp_path), "chunks": 2, "sequences_per_chunk": 2, "compute_dtype": "float32",
-        "mean_nll_nats": 0.001}}
-    assert gpu_check.check_all(cfg)
+    config = tmp_path / "gpu_check.toml"      # the registered models' part, left out by --matrix-only
+    config.write_text(f'corpus = "{HEAD40K}"\ndevice = "cpu"\ncompute_dtype = "bfloat16"\nkl = ["none", "none"]\n'
+                      f'[models]\n"no-such-model" = {{ ctx = 64 }}\n[matrix]\nfolder = "{tmp_path}"\nchunks = 2\n'
+                      f'sequences_per_chunk = 2\ncompute_dtype = "float32"\nmean_nll_nats = 0.001\n')
+    assert gpu_check.main(["--config", str(config), "--matrix-only"]) == 0
     out = capsys.readouterr().out.splitlines()
     rows = {row[0][2:]: row for row in (line.split(" | ") for line in out) if row[2:3] == ["cpu float32"]}
     assert list(rows) == ["qwen3moe", "glm-dsa"]
@@ -183,8 +184,9 @@ def test_gpu_check_matrix_flow_on_the_cpu(capsys, tiny_model, tmp_path, monkeypa
     assert [line.split(" (")[0] for line in out[out.index("## Summary") + 2:]] == [
         "matrix qwen3moe: ok", "matrix glm-dsa: ok"]
     monkeypatch.setattr(gpu_check, "MATRIX", [m for m in MATRIX if m.name == "qwen3"])
-    with pytest.raises(UserError, match=r"qwen3.gguf is missing: `python -m tests.hf_models "):
-        gpu_check.check_all(cfg)
+    assert gpu_check.main(["--config", str(config), "--matrix-only"]) == 1
+    assert capsys.readouterr().err.startswith(f"layercycle gpu_check: {tmp_path}/qwen3.gguf is missing: "
+                                              "`python -m tests.hf_models ")
 
 
 def test_a_llama_perplexity_run_that_lost_its_final_estimate_is_run_again(monkeypatch):

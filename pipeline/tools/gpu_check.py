@@ -1,6 +1,6 @@
 """CUDA check, for a machine with a GPU (a few minutes; CI never runs it).
 
-    python -m pipeline.gpu_check [--config configs/gpu_check.toml]
+    python -m pipeline.gpu_check [--config configs/gpu_check.toml] [--matrix-only]
 
 For each model of the settings (registered ones, and small synthetic ones written into
 data/models/ on first use, so the GPU host needs neither a converter nor any network beyond the
@@ -230,16 +230,20 @@ def check_kl(cfg: dict, own: dict[str, dict]) -> bool:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.gpu_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=CONFIGS / "gpu_check.toml")
+    parser.add_argument("--matrix-only", action="store_true",
+                        help="only the conformance matrix's members (on a machine without the registered models)")
     args = parser.parse_args(argv)
     try:
         import torch
 
         with open(args.config, "rb") as f:
             cfg = tomllib.load(f)
+        if args.matrix_only:
+            cfg = {k: v for k, v in cfg.items() if k not in ("models", "kl")}
         device = cfg["device"]
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError("no CUDA device: this check needs a GPU machine")
-        for settings in (cfg, *cfg["models"].values()):
+        for settings in (cfg, *cfg.get("models", {}).values()):
             if "corpus" in settings:
                 settings["corpus"] = str((REPO_ROOT / settings["corpus"]).resolve())
         print(f"device: {torch.cuda.get_device_name(device) if device.startswith('cuda') else device}")
