@@ -331,8 +331,10 @@ def _renew(lock_path, token: str, lease, stop: threading.Event, lost: list) -> N
 
 
 def _holder(lock_path) -> dict:
+    """The lock's lease, read in one request: a ranged read of an object that its holder renews
+    meanwhile fails its version check (S3's PreconditionFailed)."""
     try:
-        return json.loads(lock_path.read_text())
+        return json.loads(lock_path.fs.cat_file(lock_path.path))
     except (FileNotFoundError, ValueError):
         return {}
 
