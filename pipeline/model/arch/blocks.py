@@ -219,8 +219,8 @@ class BlockwiseAttention(Attention):
         return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
 
     def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        """scores [B, KV, G, queries, keys] float32, seen [queries, keys] bool (or broadcast to the
-        scores) -> the weights of the keys' values."""
+        """scores [B, KV, G, queries, keys] float32 (the form's to overwrite), seen [queries, keys]
+        bool (or broadcast to the scores) -> the weights of the keys' values."""
         raise NotImplementedError
 
 
@@ -242,5 +242,5 @@ class SoftCappedAttention(BlockwiseAttention):
         return f"{super().describe()}, logit cap={self.cap:g}"
 
     def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        capped = torch.tanh(scores / self.cap) * self.cap
-        return capped.masked_fill(~seen, -math.inf).softmax(-1)
+        # in place: the scores and their softmax are the block's only copies
+        return scores.div_(self.cap).tanh_().mul_(self.cap).masked_fill_(~seen, -math.inf).softmax(-1)

@@ -25,7 +25,7 @@ class SinkAttention(BlockwiseAttention):
     def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
         _, KV, G, _, n_keys = scores.shape
         sinks = self.sinks.view(1, KV, G, 1, 1)
-        scores = scores.masked_fill(~seen, -math.inf)
+        scores = scores.masked_fill_(~seen, -math.inf)
         return torch.cat([scores, sinks.expand(*scores.shape[:-1], 1)], dim=-1).softmax(-1)[..., :n_keys]
 
 

@@ -48,7 +48,7 @@ class BlockSparseAttention(BlockwiseAttention):
         return self.attend(q, k, v, tables, self.select(x, tables))
 
     def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
-        return scores.masked_fill(~seen, -math.inf).softmax(-1)
+        return scores.masked_fill_(~seen, -math.inf).softmax(-1)
 
     def select(self, x: torch.Tensor, tables) -> torch.Tensor:
         """The keys each query of each KV group may see, [B, KV, T queries, T keys] bool: those of
