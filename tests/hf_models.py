@@ -171,6 +171,44 @@ def minimax_hub_layout(out: Path, version: int = 2) -> None:
     save_file({k: v.contiguous() for k, v in hub.items()}, path, metadata={"format": "pt"})
 
 
+def bailing_moe_v2(config: dict, out: Path) -> None:
+    """A random BailingMoeV2ForCausalLM checkpoint as its modeling code names the weights
+    (transformers has no such class): its trunk, then the multi-token-prediction layers."""
+    from safetensors.torch import save_file
+
+    c = config
+    H, D, NH, NKV, E = (c[k] for k in ("hidden_size", "head_dim", "num_attention_heads", "num_key_value_heads",
+                                       "num_experts"))
+    rand = lambda *shape: torch.randn(*shape) * INIT  # noqa: E731
+    norm = lambda n: 1 + rand(n)  # noqa: E731
+
+    def mlp(prefix: str, width: int) -> dict:
+        return {f"{prefix}.gate_proj.weight": rand(width, H), f"{prefix}.up_proj.weight": rand(width, H),
+                f"{prefix}.down_proj.weight": rand(H, width)}
+
+    w = {"model.word_embeddings.weight": rand(c["vocab_size"], H), "model.norm.weight": norm(H),
+         "lm_head.weight": rand(c["vocab_size"], H)}
+    for i in range(c["num_hidden_layers"] + c["num_nextn_predict_layers"]):
+        p = f"model.layers.{i}"
+        w |= {f"{p}.input_layernorm.weight": norm(H), f"{p}.post_attention_layernorm.weight": norm(H),
+              f"{p}.attention.query_key_value.weight": rand((NH + 2 * NKV) * D, H),
+              f"{p}.attention.query_layernorm.weight": norm(D), f"{p}.attention.key_layernorm.weight": norm(D),
+              f"{p}.attention.dense.weight": rand(H, NH * D)}
+        if i < c["first_k_dense_replace"]:
+            w |= mlp(f"{p}.mlp", c["intermediate_size"])
+            continue
+        w |= {f"{p}.mlp.gate.weight": rand(E, H), f"{p}.mlp.gate.expert_bias": rand(E),
+              **mlp(f"{p}.mlp.shared_experts", c["moe_shared_expert_intermediate_size"])}
+        for e in range(E):
+            w |= mlp(f"{p}.mlp.experts.{e}", c["moe_intermediate_size"])
+        if i >= c["num_hidden_layers"]:
+            w |= {f"{p}.enorm.weight": norm(H), f"{p}.hnorm.weight": norm(H), f"{p}.eh_proj.weight": rand(H, 2 * H),
+                  f"{p}.final_layernorm.weight": norm(H)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(c, indent=1))
+
+
 def wide_expert_gates(model) -> None:
     """gpt-oss experts whose gate and up projections often pass the SwiGLU clamp (+-7)."""
     for layer in model.model.layers:
@@ -313,6 +351,7 @@ class Spec:
     checkpoint: object = None        # applied to the saved checkpoint's folder, for the converter
     prepare: object = None           # applied to the random model before it is saved
     causal_lm: str = ""              # the transformers class, where AutoModelForCausalLM does not map the config
+    writer: object = None            # writes config.json and the weights itself, for a family transformers lacks
 
 
 # Gemma 4's two RoPEs: sliding layers' default, global layers' proportional (half of each head
@@ -525,6 +564,16 @@ SPECS = {
             hybrid_layer_pattern=[0, 1, 1, 1], swa_num_key_value_heads=4, swa_head_dim=16, swa_num_attention_heads=4,
             swa_v_head_dim=8, topk_method="noaux_tc", layernorm_epsilon=1e-5, partial_rotary_factor=0.5,
             rope_theta=10000.0, swa_rope_theta=100.0, model_type="mimo_v2")),
+    # Ling 2.0 (bailingmoe2): a dense layer, then three of sigmoid top-2 of 8 experts in 4 groups of 2
+    # (2 used) with a selection bias, weights normed and scaled, beside a shared expert; QK-norm, half
+    # of each head rotated (NeoX); one multi-token-prediction layer after the trunk
+    "bailingmoe2": Spec("", _common(
+        architectures=["BailingMoeV2ForCausalLM"], model_type="bailing_moe_v2", intermediate_size=96,
+        num_hidden_layers=4, first_k_dense_replace=1, num_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        moe_intermediate_size=32, num_shared_experts=1, moe_shared_expert_intermediate_size=32,
+        routed_scaling_factor=2.5, norm_topk_prob=True, score_function="sigmoid", use_qk_norm=True,
+        use_qkv_bias=False, use_bias=False, partial_rotary_factor=0.5, rope_theta=10000.0, rms_norm_eps=1e-6,
+        hidden_act="silu", num_nextn_predict_layers=1), writer=bailing_moe_v2),
     # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
     # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
     # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)
@@ -678,7 +727,8 @@ WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "mamba_d_ssm"), 32),
                           "swa_v_head_dim", "global_head_dim", "mamba_head_dim", "mamba_d_head",
                           "linear_num_key_heads", "linear_num_value_heads"), 4),
          **dict.fromkeys(("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
-                          "share_expert_dim", "shared_intermediate_size", "prefix_dense_intermediate_size"), 16)}
+                          "moe_shared_expert_intermediate_size", "share_expert_dim", "shared_intermediate_size",
+                          "prefix_dense_intermediate_size"), 16)}
 
 
 def wide(spec: Spec) -> Spec:
@@ -693,12 +743,17 @@ SPECS["ernie4_5-moe" + WIDE].kwargs["num_key_value_heads"] = 2
 
 
 def build_hf(name: str, out: Path, seed: int = 0):
-    """Save a random model `name` (and the tiny tokenizer) under `out`; return the model."""
+    """Save a random model `name` (and the tiny tokenizer) under `out`; return the model (None: a
+    checkpoint its `writer` wrote, of a family transformers lacks)."""
     import transformers
     from transformers import AutoModelForCausalLM
 
     spec = SPECS[name]
     torch.manual_seed(seed)
+    if spec.writer is not None:
+        spec.writer(spec.kwargs, out)
+        write_tokenizer(out, spec.special_tokens)
+        return None
     if spec.multimodal:
         config = getattr(transformers, spec.config)(text_config=spec.kwargs, vision_config=spec.vision,
                                                     tie_word_embeddings=False)

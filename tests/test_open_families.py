@@ -93,6 +93,14 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "glm4moe selection bias": ("glm4moe", None, zeroed("exp_probs_b.bias")),
     "glm4moe shared expert": ("glm4moe", {key(Keys.LLM.EXPERT_SHARED_COUNT, "glm4moe"): 0},
                               lambda n, q, d: None if "shexp" in n else (d, q)),
+    "bailingmoe2 partial RoPE": ("bailingmoe2", {key(Keys.Rope.DIMENSION_COUNT, "bailingmoe2"): 16}, None),
+    "bailingmoe2 QK-norm": ("bailingmoe2", None, dropped(("attn_q_norm.weight", "attn_k_norm.weight"))),
+    "bailingmoe2 sigmoid routing": ("bailingmoe2", {key(Keys.LLM.EXPERT_GATING_FUNC, "bailingmoe2"): 1}, None),
+    "bailingmoe2 selection bias": ("bailingmoe2", None, zeroed("exp_probs_b.bias")),
+    "bailingmoe2 group limit": ("bailingmoe2", {key(Keys.LLM.EXPERT_GROUP_COUNT, "bailingmoe2"): None,
+                                                key(Keys.LLM.EXPERT_GROUP_USED_COUNT, "bailingmoe2"): None}, None),
+    "bailingmoe2 weight scale": ("bailingmoe2", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "bailingmoe2"): None}, None),
+    "bailingmoe2 shared expert": ("bailingmoe2", None, zeroed("ffn_down_shexp.weight")),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -339,6 +347,13 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
      "4 indexer heads for 2 KV heads"),
     ("minimax-m3", {key(Keys.LLM.EXPERT_GATING_FUNC, "minimax-m3"): None}, None,
      "missing metadata key minimax-m3.expert_gating_func"),
+    # llama.cpp stops on a Ling 2.0 file that names no gating function, has no LM head of its own (no
+    # tied head; attention biases: test_bailingmoe2.py); it sizes the shared experts as
+    # expert_shared_count times the key that converters write as their total
+    ("bailingmoe2", {key(Keys.LLM.EXPERT_GATING_FUNC, "bailingmoe2"): None}, None,
+     "missing metadata key bailingmoe2.expert_gating_func"),
+    ("bailingmoe2", None, lambda n, q, d: None if n == "output.weight" else (d, q), "missing tensor output.weight"),
+    ("bailingmoe2", {key(Keys.LLM.EXPERT_SHARED_COUNT, "bailingmoe2"): 2}, None, "expert_shared_count = 2 changes"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

@@ -127,6 +127,7 @@ MATRIX: list[Member] = [
     member("lfm2moe", "lfm2moe", True, 0.004, 0.0002),
     member("falcon-h1", "falcon-h1", False, 0.005, 0.0023),
     member("afmoe", "afmoe", True, 0.004, 0.0004),
+    member("bailingmoe2", "bailingmoe2", True, 0.004, 0.0001),
     member("mimo2", "mimo2", True, 0.06, 0.0296),
     member("kimi-linear", "kimi-linear", True, 0.012, 0.0056),
     member("step35", "step35", True, 0.009, 0.0058),

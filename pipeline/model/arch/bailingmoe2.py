@@ -1,0 +1,39 @@
+"""bailingmoe2 (Ling and Ring 2.0: Ling-1T, Ring-1T, flash 100B, mini 16B): grouped-query
+attention from one fused attn_qkv without biases, each head's Q and K RMS-normed before a partial
+NeoX RoPE (half the head where the file says so); leading dense SwiGLU blocks, then experts
+routed by sigmoid with a selection bias, group-limited (a group's score: its two best experts'),
+the top-k weights renormalised and scaled, beside one ungated shared expert. The multi-token
+prediction blocks after the trunk (nextn_predict_layers) are not run, as llama.cpp loads and
+skips them."""
+from gguf import MODEL_TENSOR as MT
+from gguf import Keys
+
+from ...errors import UserError
+from .audit import equals
+from .blocks import AttentionSpec
+from .family import DecoderArch, DenseThenSigmoidExperts
+from .loading import BlockTensors
+
+
+class BailingMoe2(DenseThenSigmoidExperts, DecoderArch):
+    neox_rope = True   # the converter leaves Q and K as they are: pairs half the rotated width apart
+
+    def __init__(self, gguf):
+        super().__init__(gguf)
+        if "output.weight" not in gguf.tensors:   # llama.cpp's loader requires it: no tied head
+            raise UserError(f"{gguf.path}: missing tensor output.weight (a bailingmoe2 file's LM head)")
+
+    def read_gating(self) -> str:
+        return self.gating_in_file(None)   # llama.cpp stops on a file that names no gating function
+
+    def settings_not_computed(self) -> dict:
+        # llama.cpp sizes the shared experts as expert_shared_count times the key (which the
+        # converter already writes as their total): one shared expert, as every release has
+        return super().settings_not_computed() | {Keys.LLM.EXPERT_SHARED_COUNT: equals(1)}
+
+    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
+        biased = [name for name in (t.name(MT.ATTN_QKV, "bias"), t.name(MT.ATTN_OUT, "bias")) if name in t.gguf.tensors]
+        if biased:   # llama.cpp's loader has none: it refuses such a file
+            raise UserError(f"{t.gguf.path}: tensor {biased[0]} is not part of the bailingmoe2 layer layercycle "
+                            f"computes (llama.cpp's graph has no attention biases)")
+        return super().attention_weights(spec, t)
