@@ -158,19 +158,20 @@ def test_base_out_resumes_after_a_kill(tmp_path):
     assert (tmp_path / "cut.kld").read_bytes() == (tmp_path / "whole.kld").read_bytes()
 
 
-def test_the_disk_preflight_counts_kl_scores_and_both_copies_of_a_base_out(tmp_path, monkeypatch):
-    """Against a KL base a position's figures take 5 float64 (40 bytes, not 8); --kl-base-out
-    keeps its rows in the Score outputs and assembles the file from them: on the run root's disk
-    both count, refused in one line before any work where they do not fit."""
+def test_the_disk_preflight_counts_kl_scores_and_a_base_out_once_where_it_is_linked(tmp_path, monkeypatch):
+    """Against a KL base a position's figures take 5 float64 (40 bytes, not 8); --kl-base-out's
+    file is held by the Score output, and FILE beside the run root is that file linked: counted
+    once, twice with shards (copied together), refused in one line before any work where it does
+    not fit."""
     from pipeline import PerplexityRun
     from pipeline.errors import UserError
     from pipeline.store import outputs
 
     common = dict(device="cpu", task="wikitext-2", corpus=str(HEAD40K), ctx=64, chunks=4, run_root=str(tmp_path))
     file_bytes = LogitsHeader(64, 49152, 4).size()
+    out = dict(kl_base="smollm2-135m", kl_base_out=str(tmp_path / "base.kld"))
     for params, need in ((dict(), 8 * 4 * 64), (dict(kl_base="smollm2-135m"), 40 * 4 * 64),
-                         (dict(kl_base="smollm2-135m", kl_base_out=str(tmp_path / "base.kld")),
-                          40 * 4 * 64 + 2 * file_bytes)):
+                         (out, 40 * 4 * 64 + file_bytes), (out | dict(shards=2), 40 * 4 * 64 + 2 * file_bytes)):
         run = PerplexityRun(**common, **params)
         monkeypatch.setattr(outputs, "free_bytes", lambda path, free=need: free)
         run.check_score_disk()
@@ -179,15 +180,44 @@ def test_the_disk_preflight_counts_kl_scores_and_both_copies_of_a_base_out(tmp_p
             run.check_score_disk()
 
 
+def test_a_base_out_is_the_score_output_s_file_linked_and_copied_where_it_cannot_be(tmp_path):
+    """One shard: FILE is the Score output's file (one inode, no second copy on disk); two shards:
+    their rows copied into FILE, byte for byte the one-shard file."""
+    def run(root, out, *extra):
+        done = luigi_cli("--corpus", str(HEAD40K), "--ctx", "16", "--chunks", "4", "--sequences-per-chunk", "2",
+                         "--kl-base-out", str(tmp_path / out), *extra, run_root=tmp_path / root)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "the Score output's file linked, no second copy" in run("one", "one.kld")
+    rows, = (tmp_path / "one" / "Score").glob("*/logits.kld")
+    assert (tmp_path / "one.kld").samefile(rows)
+    assert "copied from the Score outputs" in run("two", "two.kld", "--shards", "2")
+    assert (tmp_path / "two.kld").read_bytes() == (tmp_path / "one.kld").read_bytes()
+    assert read_header(str(tmp_path / "two.kld")).n_chunk == 4
+
+
 def test_a_base_out_that_fills_the_disk_is_one_line_and_leaves_nothing(tmp_path):
     from pipeline.errors import UserError
-    from pipeline.run.logits_file import write_file
+    from pipeline.run.logits_file import publish, start_file, write_rows
 
     with small_disk(tmp_path / "small", "1m") as small:
         header = LogitsHeader(64, 49152, 1)
-        part = tmp_path / "0.bin"
-        part.write_bytes(b"\0" * (2 * header.row_width * header.rows_per_chunk))     # 1.5 MiB of rows
+        rows = tmp_path / "rows.kld"          # 1.5 MiB of rows, on another disk: copied
+        start_file(rows, header, np.zeros(64, np.int32))
+        write_rows(rows, header, 0, np.ones((header.rows_per_chunk, header.row_width), np.uint16))
         with pytest.raises(UserError, match=r"cannot write .*base.kld: No space left on device; the run's "
                                             r"outputs are kept"):
-            write_file(small / "base.kld", header, np.zeros(64, np.int32), [part])
+            publish(small / "base.kld", header, [(rows, range(1))])
         assert not list(small.iterdir())
+
+
+def test_a_base_out_over_an_object_store_run_root_is_refused(tmp_path):
+    from pipeline import PerplexityRun
+    from pipeline.errors import UserError
+
+    run = PerplexityRun(device="cpu", corpus=str(HEAD40K), ctx=16, run_root="s3://bucket/runs",
+                        kl_base_out=str(tmp_path / "base.kld"))
+    with pytest.raises(UserError, match=r"--kl-base-out writes its file's rows in place .* give a local "
+                                        r"--run-root, not s3://bucket/runs"):
+        run.check_kl_options()

@@ -90,15 +90,21 @@ def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
     gguf = GGUFIndex(model_path("gemma3-270m"))  # tied head: token_embd, 262144 x 640 (0.625 GiB);
     # with the runtime's 0.5 GiB and the 0.31 GiB of a logits block and a widened head slice, 1.4 GiB
     head = 4 * 262144 * 640
-    preflight.check_heads_fit([gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + head + 2 ** 30)
+    preflight.check_heads_fit([(gguf, "float32")], "cpu", preflight.RUNTIME_BYTES + head + 2 ** 30)
     with pytest.raises(UserError, match=r"the LM head \(token_embd.weight\) on cpu needs about 1\.4 GiB "
                                         r"\(0\.6 GiB of float32 weights\) .* --compute-dtype bfloat16 halves it"):
-        preflight.check_heads_fit([gguf], "cpu", "float32", 4, head)
+        preflight.check_heads_fit([(gguf, "float32")], "cpu", head)
     # a KL comparison's Score task holds both heads: 1.25 GiB of weights, 2.1 GiB in all
-    preflight.check_heads_fit([gguf, gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + 2 * head + 2 ** 30)
+    both = [(gguf, "float32"), (gguf, "float32")]
+    preflight.check_heads_fit(both, "cpu", preflight.RUNTIME_BYTES + 2 * head + 2 ** 30)
     with pytest.raises(UserError, match=r"the LM heads of the model and its KL base on cpu needs about 2\.1 GiB "
                                         r"\(1\.2 GiB of float32 weights\)"):
-        preflight.check_heads_fit([gguf, gguf], "cpu", "float32", 4, preflight.RUNTIME_BYTES + 2 * head)
+        preflight.check_heads_fit(both, "cpu", preflight.RUNTIME_BYTES + 2 * head)
+    # a bfloat16 run against a float32 base: 0.3 + 0.6 GiB of weights, 1.8 GiB in all
+    mixed = [(gguf, "bfloat16"), (gguf, "float32")]
+    preflight.check_heads_fit(mixed, "cpu", preflight.RUNTIME_BYTES + head * 3 // 2 + 2 ** 30)
+    with pytest.raises(UserError, match=r"needs about 1\.8 GiB \(0\.9 GiB of bfloat16/float32 weights\)"):
+        preflight.check_heads_fit(mixed, "cpu", preflight.RUNTIME_BYTES + head * 3 // 2)
 
 
 def test_a_mask_with_grouped_heads_counts_the_math_kernels_scores_on_cuda_only(model_path):

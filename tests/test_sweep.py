@@ -166,3 +166,21 @@ def test_refused_and_failed_points_are_rows_and_nothing_is_computed_twice(tmp_pa
     assert float(rows[1]["kld_mean"]) == 0 and float(rows[3]["kld_mean"]) == 0
     assert rows[0]["ppl"] == rows[1]["ppl"] == rows[2]["ppl"] == rows[3]["ppl"]
     assert "Sweep: 4/4 runs done" in third.stderr
+
+
+def test_a_compute_dtype_axis_shares_one_kl_base_chain_in_its_own_dtype(tmp_path, model_path):
+    """compute_dtype = ["float32", "bfloat16"] against a base: the base's chain is computed once,
+    in the first listed dtype (the table says which); the model, a copy of the base, is then
+    exactly the base in float32 (KLD 0) and not in bfloat16 (against a float32 base)."""
+    base = model_path("smollm2-135m")
+    copy = rewrite_gguf(base, tmp_path / "smollm2-copy.gguf", metadata={"general.name": "a copy"})
+    path = tmp_path / "dtypes.toml"
+    path.write_text(f'models = ["{copy}"]\nkl_base = "smollm2-135m"\ncompute_dtype = ["float32", "bfloat16"]\n'
+                    f'ctx = 64\nchunks = 1\nwindow_layers = 0\ndevice = "cpu"\nout = "{tmp_path / "out"}"\n')
+    done = sweep_cli(path, tmp_path / "runs")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("LayerWindow [0..30) cpu: chunk 1/1") == 3, done.stderr   # the copy twice, the base once
+    rows = list(csv.DictReader(open(tmp_path / "out" / "sweep.csv")))
+    assert [(r["kl_base"], r["kl_base_dtype"]) for r in rows] == [("smollm2-135m", "float32")] * 2
+    assert float(rows[0]["kld_mean"]) == 0 < float(rows[1]["kld_mean"])
+    assert "kl_base_dtype" in (tmp_path / "out" / "sweep.md").read_text()

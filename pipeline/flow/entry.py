@@ -11,7 +11,7 @@ import luigi
 from gguf import Keys
 
 from ..errors import UserError
-from ..paths import RUNS, location
+from ..paths import RUNS, is_local, location
 from ..run.placement import (
     check_tiling,
     format_placement,
@@ -59,14 +59,16 @@ class PerplexityRun(RunTask):
                                               "(.npy, or whitespace-separated ids: what --tokens-file reads)")
     kl_base = luigi.Parameter(default="", description="KL-divergence against this base model (alias, GGUF path, "
                                                       "the result JSON of its run, or llama.cpp's base file)")
+    kl_base_dtype = luigi.ChoiceParameter(choices=["", "auto", "float32", "bfloat16", "float16"], default="",
+                                          description="compute dtype of the KL base's chain (default: --compute-dtype)")
     kl_base_out = luigi.Parameter(default="", significant=False,
                                   description="write the run's distributions as llama.cpp's KL-divergence base file")
     shards = luigi.IntParameter(default=1, description="split the corpus into this many independent chains "
                                                        "(each reads every layer's weights once)")
 
-    def placement(self, check_memory: bool = True, kl_base_head=None) -> list:
+    def placement(self, check_memory: bool = True, kl_base=None) -> list:
         """The layer windows; before a pass (not when reporting one) checked against memory, with
-        the KL base's head (a GGUFIndex) beside the model's in the Score task. Auto-sized windows
+        the KL base's head (`kl_base`: its PerplexityRun) beside the model's in the Score task. Auto-sized windows
         depend on the model, the settings and the devices' budgets only (preflight.device_budget),
         so a rerun finds the windows of the run it resumes."""
         from ..model.arch import load_architecture
@@ -77,7 +79,6 @@ class PerplexityRun(RunTask):
         device = resolve_device(self.device)
         caps = {device: preflight.parse_size(self.device_memory)} if self.device_memory else {}
         dtypes = {d: compute_dtype_name(self.compute_dtype, d) for d in {device, "cpu"}}
-        heads = [s.gguf] + ([kl_base_head] if kl_base_head is not None else [])
         ends_on_cpu = self.gpu_layers >= 0 and self.first_layer + self.gpu_layers < hp.n_layers
 
         def pack(dev: str, first: int, last: int) -> list:
@@ -87,7 +88,7 @@ class PerplexityRun(RunTask):
             per_layer, experts = preflight.layer_costs(s.gguf, hp.n_layers, dtype, range(first, last))
             what = "--device-memory" if dev in caps else f"the {dev} budget ({preflight.AUTO_SHARE[dev]:.0%} of it)"
             score_here = dev == ("cpu" if ends_on_cpu else device)   # the Score task runs on the last window's device
-            floor = preflight.heads_need(heads, dtype.itemsize)[0] if score_here else 0
+            floor = preflight.heads_need(self.score_heads(dev, kl_base))[0] if score_here else 0
             fixed = preflight.window_fixed_bytes(s.gguf, self.sequences_per_chunk, s.method.ctx, hp.n_head, dev)
             return pack_windows(per_layer, fixed, preflight.device_budget(dev, caps.get(dev)), first, last, dev,
                                 what, experts, floor)
@@ -101,8 +102,22 @@ class PerplexityRun(RunTask):
         if check_memory:
             preflight.check_memory(s.gguf, windows, hp.n_layers, hp.n_head, self.sequences_per_chunk, s.method.ctx,
                                    {w.device: dtypes[w.device] for w in windows},
-                                   heads=heads, caps=caps)
+                                   heads=self.score_heads(windows[-1].device, kl_base), caps=caps)
         return windows
+
+    def score_heads(self, device: str, kl_base=None) -> list:
+        """(GGUFIndex, compute dtype name) of each LM head the Score task holds on `device`: the
+        model's, and its KL base's (`kl_base`: the base's PerplexityRun) in the base's dtype."""
+        runs = [self] + ([kl_base] if kl_base is not None else [])
+        return [(run.spec().gguf, compute_dtype_name(run.compute_dtype, device)) for run in runs]
+
+    def base_run(self):
+        """The KL base's own run (None: no base, or llama.cpp's base file), in the base's compute
+        dtype: by default the model's."""
+        if self.file_base() or not self.kl_base:
+            return None
+        return self.clone(PerplexityRun, model=self.base_model(), kl_base="",
+                          compute_dtype=self.kl_base_dtype or self.compute_dtype)
 
     def recorded_placement(self, windows: list, device: str, dtypes: dict) -> list:
         """Auto windows sized from this host's memory, unless the run root records the windows
@@ -160,6 +175,9 @@ class PerplexityRun(RunTask):
         if self.kl_base_out and (method.name, method.effective_prefix) != ("llama-cpp", method.ctx // 2):
             raise UserError("--kl-base-out writes llama.cpp's layout: the llama-cpp method, its first half of "
                             "each sequence unscored")
+        if self.kl_base_out and not is_local(location(self.run_root)):
+            raise UserError(f"--kl-base-out writes its file's rows in place beside the Score output: give a local "
+                            f"--run-root, not {self.run_root}")
         vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
         if self.file_base() and (held := read_header(self.kl_base).n_vocab) != vocab:
             raise UserError(f"--kl-base {self.kl_base} holds distributions over {held} tokens, the model's "
@@ -193,8 +211,10 @@ class PerplexityRun(RunTask):
 
     def check_score_disk(self) -> None:
         """The Score outputs' figures (float64 per position and field: 1, or 5 against a KL base)
-        and, for --kl-base-out, the rows they keep and the file assembled from them, against the
-        free disk, before any work (the boundaries are counted by the Embed task)."""
+        and, for --kl-base-out, the file they hold laid out whole, against the free disk, before any
+        work (the boundaries are counted by the Embed task). FILE is that file linked, no second
+        copy, where it is on the run root's disk and the run has one shard; else a copy, counted on
+        the disk it goes to."""
         from ..model.kld import FIELDS
         from ..run.logits_file import LogitsHeader
         from ..run.preflight import GiB
@@ -203,17 +223,17 @@ class PerplexityRun(RunTask):
         n = self.planned_sequences()
         need = 8 * n * s.method.ctx * (len(FIELDS) if self.kl_base else 1)
         file_bytes = LogitsHeader(s.method.ctx, s.gguf.metadata[Keys.Tokenizer.LIST].count, n).size()
-        need += file_bytes if self.kl_base_out else 0
         free = outputs.free_bytes(location(self.run_root))
         if self.kl_base_out:
+            need += file_bytes
             target = outputs.free_bytes(location(self.kl_base_out).parent)
             if outputs.same_disk(location(self.run_root), location(self.kl_base_out)):
-                need += file_bytes
+                need += file_bytes if self.shards > 1 else 0
             elif target is not None and file_bytes > target:
                 raise UserError(f"--kl-base-out {self.kl_base_out} needs {file_bytes / GiB:.2f} GiB but "
                                 f"{target / GiB:.2f} GiB are free there")
         if free is not None and need > free:
-            what = "scores and --kl-base-out's rows and file" if self.kl_base_out else "scores"
+            what = "scores and --kl-base-out's file" if self.kl_base_out else "scores"
             raise UserError(f"the run's {what} need about {need / GiB:.2f} GiB under {self.run_root} but "
                             f"{free / GiB:.2f} GiB are free")
 
@@ -237,15 +257,16 @@ class PerplexityRun(RunTask):
         self.check_shards()
         self.check_kl_options()
         file_base = self.file_base()
-        base = None if file_base or not self.kl_base else self.clone(PerplexityRun, model=self.base_model(), kl_base="")
+        base = self.base_run()
         if base is not None:
             self.check_base_vocabulary(base.spec())
         if check_memory:
             self.check_score_disk()
-        params = {"placement": format_placement(self.placement(check_memory, base and base.spec().gguf)),
+        params = {"placement": format_placement(self.placement(check_memory, base)),
                   "logits_out": bool(self.kl_base_out), **file_base}
         if base is not None:
-            params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory))}
+            params |= {"kl_base": base.model, "base_placement": format_placement(base.placement(check_memory)),
+                       "base_dtype": base.compute_dtype}
         if file_base:
             params["kl_base"] = file_base["tokens_file"]
         scores = [self.clone(Score, shard=k, **params) for k in range(self.shards)]
@@ -298,21 +319,21 @@ class PerplexityRun(RunTask):
                                                             .out_dir() / "tokens.zarr"))
 
     def write_base_file(self, scores: list, result: dict) -> None:
-        """--kl-base-out: llama.cpp's base file from the Score outputs' rows of each sequence and the
-        corpus's tokens as tokenized (llama.cpp writes them before it puts BOS in each chunk)."""
-        from ..run.logits_file import LogitsHeader, write_file
-        from ..store.arrays import load_tokens
+        """--kl-base-out: llama.cpp's base file, which the Score outputs hold laid out whole (each
+        its shard's rows): one Score's file linked to FILE, no second copy, where both are on one
+        file system; else copied."""
+        from ..run.logits_file import LogitsHeader, publish
+        from .score import LOGITS_FILE
 
         s = self.spec()
         header = LogitsHeader(s.method.ctx, s.gguf.metadata[Keys.Tokenizer.LIST].count, result["chunks"])
-        tokens = load_tokens(scores[0].clone(Tokenize).out_dir() / "tokens.zarr")[:header.n_chunk * header.n_ctx]
-        parts = [score.out_dir() / "logits" / f"{k}.bin" for score in scores
-                 for k in score.shard_sequences(header.n_chunk)]
         path = location(self.kl_base_out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_file(path, header, tokens, parts)
+        linked = publish(path, header, [(score.out_dir() / LOGITS_FILE, score.shard_sequences(header.n_chunk))
+                                        for score in scores])
+        how = "the Score output's file linked, no second copy" if linked else "copied from the Score outputs"
         print(f"\nKL-divergence base file: {path} ({header.size() / 2**20:,.1f} MiB, {header.n_chunk} chunks of "
-              f"{header.n_ctx}, llama-perplexity --kl-divergence-base's layout)")
+              f"{header.n_ctx}, llama-perplexity --kl-divergence-base's layout; {how})")
 
 
 def run_failure(scores: list) -> str | None:

@@ -39,8 +39,13 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
         "task": spec.eval_task.name, **numerics,
         "elapsed_s": elapsed, "tokens_per_s": evaluated / elapsed if elapsed > 0 else None,
         "outputs": {_output_name(t): str(t.out_dir()) for t in own},
-        **({"kld": {"base": scores[0].kl_base, **scored["kld"]}} if "kld" in scored else {}),
+        **({"kld": {"base": scores[0].kl_base, **_base_dtype(scores[0]), **scored["kld"]}} if "kld" in scored else {}),
     }
+
+
+def _base_dtype(score) -> dict:
+    """The compute dtype of a KL base's chain (none for llama.cpp's base file)."""
+    return {"base_dtype": score.base_task().dtype_name(score.device())} if score.base_is_model() else {}
 
 
 def _output_name(task) -> str:

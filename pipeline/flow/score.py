@@ -11,9 +11,10 @@ from ..run.placement import (
     parse_placement,
     resolve_device,
 )
-from ..store import outputs
 from ..store.timing import device_peaks_mb, reset_device_peak
-from .trunk import LayerWindow, PlacedTask
+from .trunk import LayerWindow, PlacedTask, Tokenize
+
+LOGITS_FILE = "logits.kld"     # --kl-base-out's rows, in the layout of llama.cpp's base file
 
 
 class Score(PlacedTask):
@@ -22,6 +23,7 @@ class Score(PlacedTask):
     kl_base = luigi.Parameter(default="", description="base model of the KL-divergence, or llama.cpp's base file "
                                                       "(set by PerplexityRun)")
     base_placement = luigi.Parameter(default="", description="the base model's layer windows")
+    base_dtype = luigi.Parameter(default="", description="the base model's compute dtype (default: the model's)")
     logits_out = luigi.BoolParameter(default=False, description="also keep each scored distribution as "
                                                                 "llama.cpp's base file holds it")
 
@@ -41,7 +43,7 @@ class Score(PlacedTask):
         """The base model's last window, whose boundary stays for every run compared with it."""
         last = parse_placement(self.base_placement)[-1]
         return self.clone(LayerWindow, model=self.kl_base, placement=self.base_placement,
-                          first=last.first, last=last.last)
+                          compute_dtype=self.base_dtype or self.compute_dtype, first=last.first, last=last.last)
 
     def device(self) -> str:
         return self.windows()[-1].device
@@ -56,7 +58,7 @@ class Score(PlacedTask):
             from ..gguf_io.registry import file_sha256
 
             identity["kl_base_file"] = file_sha256(Path(self.kl_base))
-        return identity | ({"logits_out": True} if self.logits_out else {})
+        return identity | ({"logits_out": LOGITS_FILE} if self.logits_out else {})
 
     def execute(self):
         import torch
@@ -64,12 +66,15 @@ class Score(PlacedTask):
         from ..model import kld
         from ..model.arch import load_architecture
         from ..model.scoring import sequence_codes, sequence_scores
-        from ..run.logits_file import LogitsHeader, chunk_rows
+        from ..run.logits_file import LogitsHeader, chunk_rows, start_file, write_rows
+        from ..store.arrays import load_tokens
 
         device = resolve_device(self.device())
         self.hold_to_budget(device)
         reset_device_peak(device)
         dtype = getattr(torch, self.dtype_name(device))
+        # each head in its chain's compute dtype: the model's, and the KL base's
+        dtypes = [dtype] + ([getattr(torch, self.base_task().dtype_name(device))] if self.base_is_model() else [])
         work = self.begin()
         plan, _ = self.plan()
         sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.base_is_model() else [])
@@ -78,13 +83,14 @@ class Score(PlacedTask):
         fields = kld.FIELDS if self.kl_base else ("nll",)
         base_file = "" if self.base_is_model() else self.kl_base          # llama.cpp's base file, if that
         vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
-        row_width = LogitsHeader(ctx, vocab, 1).row_width
+        header = LogitsHeader(ctx, vocab, plan.n_sequences)   # --kl-base-out's file, laid out whole
         if self.logits_out:
-            (work / "logits").mkdir(exist_ok=True)
+            tokens = load_tokens(self.clone(Tokenize).out_dir() / "tokens.zarr")[:header.n_chunk * ctx]
+            start_file(work / LOGITS_FILE, header, tokens)
 
         def load():
             ggufs = [self.spec().gguf] + ([self.base_task().spec().gguf] if self.base_is_model() else [])
-            heads = [load_architecture(g).load_head(device, dtype) for g in ggufs]
+            heads = [load_architecture(g).load_head(device, d) for g, d in zip(ggufs, dtypes)]
 
             def compute(i, hidden):
                 # [sequences in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
@@ -95,12 +101,12 @@ class Score(PlacedTask):
                     lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
                     if lo == hi:          # a choice with nothing to score (Winogrande's identical options)
                         continue
-                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtype,
+                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtypes,
                                                     chunk_rows(base_file, s) if base_file else None)
                     self.require_finite(i, out[j, lo:hi])
                     if self.logits_out:   # the chunk's rows are on disk before its scores: a resume finds both
-                        rows = sequence_codes(heads[0], hidden[0][j], lo, hi, row_width, vocab, device, dtype)
-                        outputs.write_bytes(work / "logits" / f"{s}.bin", rows.tobytes())
+                        rows = sequence_codes(heads[0], hidden[0][j], lo, hi, header.row_width, vocab, device, dtype)
+                        write_rows(work / LOGITS_FILE, header, s, rows)
                 return out
             return compute
 

@@ -23,13 +23,13 @@ from ..store import outputs
 # where its result goes
 KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer", "device", "device_memory",
         "compute_dtype", "boundary_dtype", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
-        "unscored_prefix", "bos", "kl_base", "sequences_per_chunk", "windows_per_chunk", "hellaswag",
+        "unscored_prefix", "bos", "kl_base", "kl_base_dtype", "sequences_per_chunk", "windows_per_chunk", "hellaswag",
         "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice", "multiple_choice_tasks", "escape")
 # paths relative to the repository root
 FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande", "multiple_choice")
-COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "kl_base", "placement",
-           "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio", "elapsed_s",
-           "tokens_per_s", "reason")
+COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "kl_base", "kl_base_dtype",
+           "placement", "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio",
+           "elapsed_s", "tokens_per_s", "reason")
 
 
 def load_sweep(path: str) -> dict:
@@ -51,6 +51,8 @@ def load_sweep(path: str) -> dict:
     if cfg["kl_base"]:
         cfg["kl_base"] = [m if not (REPO_ROOT / m).is_file() else str((REPO_ROOT / m).resolve())
                           for m in cfg["kl_base"]]
+        if not cfg["kl_base_dtype"] and len(cfg["compute_dtype"]) > 1:   # the base's chain once, not per dtype
+            cfg["kl_base_dtype"] = cfg["compute_dtype"][:1]
     cfg["out"] = REPO_ROOT / cfg.get("out", RUNS / "sweeps" / cfg.get("name", Path(path).stem))
     return cfg
 
@@ -87,7 +89,7 @@ def table_row(result: dict, gguf) -> dict:
     return {"model": Path(result["model"]["path"]).name, "architecture": result["model"]["architecture"],
             "status": "ok", "file_gb": round(file_gb, 4),
             "bits_per_weight": round(bpw, 3), "ctx": result["ctx"], "method": result["method"],
-            "kl_base": Path(k["base"]).name if k else None,
+            "kl_base": Path(k["base"]).name if k else None, "kl_base_dtype": k.get("base_dtype"),
             "placement": result["placement_text"], "ppl": result.get("ppl"), "ppl_stderr": result.get("ppl_stderr"),
             "mean_nll": result.get("mean_nll"), "accuracy": result.get(result["method"], {}).get("accuracy"),
             "kld_mean": k.get("mean"), "kld_p99": k.get("p99"),

@@ -91,9 +91,10 @@ def token_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def sequence_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: int, hi: int,
-                    device, dtype, base_rows: np.ndarray | None = None) -> np.ndarray:
-    """hidden [T, hidden] of one sequence (and of the KL base's, with its head) -> the
-    figures of targets ids[lo:hi], float64 [hi - lo, fields]: the NLL alone, or kld.FIELDS; with
+                    device, dtypes: list[torch.dtype], base_rows: np.ndarray | None = None) -> np.ndarray:
+    """hidden [T, hidden] of one sequence (and of the KL base's, with its head), each taken in its
+    head's compute dtype (`dtypes`) -> the figures of targets ids[lo:hi], float64 [hi - lo,
+    fields]: the NLL alone, or kld.FIELDS; with
     base_rows [hi - lo, row width], a llama.cpp base file's rows of those targets, kld.FIELDS
     against them."""
     from .kld import file_token_stats, token_stats
@@ -104,7 +105,7 @@ def sequence_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo
     for a in range(lo - 1, hi - 1, rows_per_block):
         b = min(a + rows_per_block, hi - 1)
         t = targets[a - lo + 1:b - lo + 1]
-        rows = [h[a:b].to(device, dtype) for h in hidden]  # [rows, hidden] each
+        rows = [h[a:b].to(device, d) for h, d in zip(hidden, dtypes)]  # [rows, hidden] each
         if base_rows is not None:
             out.append(file_token_stats(heads[0], rows[0], t, base_rows[a - lo + 1:b - lo + 1]))
         elif len(heads) == 1:

@@ -165,11 +165,11 @@ def check_windows_fit(windows, per_layer: list[int], fixed: int, dtype_names: di
 
 
 def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: int, ctx: int,
-                 dtype_names: dict[str, str], heads: list[GGUFIndex] | None = None,
+                 dtype_names: dict[str, str], heads: list[tuple[GGUFIndex, str]] | None = None,
                  caps: dict[str, int] | None = None) -> None:
     """Check every window of a placement against its device's memory (free now, and at most its
-    --device-memory cap) before the pass starts, and the Score task's `heads` (the model's own
-    by default; with a KL base, both) on the last window's device."""
+    --device-memory cap) before the pass starts, and the Score task's `heads` ((GGUFIndex, dtype
+    name) of the model's own by default; with a KL base, both) on the last window's device."""
     import torch
 
     caps = caps or {}
@@ -183,28 +183,33 @@ def check_memory(gguf: GGUFIndex, windows, n_layers: int, n_head: int, batch: in
         check_windows_fit([w for w in windows if w.device == device], per_layer,
                           window_fixed_bytes(gguf, batch, ctx, n_head, device), dtype_names, usable, experts)
     last = windows[-1].device
-    check_heads_fit(heads or [gguf], last, dtype_names[last], dtypes[last].itemsize, usable[last])
+    check_heads_fit(heads or [(gguf, dtype_names[last])], last, usable[last])
 
 
-def heads_need(ggufs: list[GGUFIndex], element_size: int) -> tuple[int, int, list[str]]:
-    """(bytes the Score task needs, of them the heads' weights, the heads' tensor names)."""
+def heads_need(heads: list[tuple[GGUFIndex, str]]) -> tuple[int, int, list[str]]:
+    """heads: (GGUFIndex, compute dtype name) of each -> (bytes the Score task needs, of them the
+    heads' weights, the heads' tensor names)."""
+    import torch
+
     from ..model.scoring import SCRATCH_BYTES
 
-    names = ["output.weight" if "output.weight" in g.tensors else "token_embd.weight" for g in ggufs]
-    weights = sum(element_size * int(np.prod(g.tensors[n].shape)) for g, n in zip(ggufs, names))
+    names = ["output.weight" if "output.weight" in g.tensors else "token_embd.weight" for g, _ in heads]
+    weights = sum(getattr(torch, dtype).itemsize * int(np.prod(g.tensors[n].shape))
+                  for (g, dtype), n in zip(heads, names))
     return RUNTIME_BYTES + weights + SCRATCH_BYTES, weights, names
 
 
-def check_heads_fit(ggufs: list[GGUFIndex], device: str, dtype_name: str, element_size: int, available: int) -> None:
-    """The Score task holds the dequantized LM head of each model it scores (two with a KL base)
-    and a block of logits (rows x a slice of the vocabulary) with their temporaries on the last
-    window's device."""
-    need, weights, names = heads_need(ggufs, element_size)
+def check_heads_fit(heads: list[tuple[GGUFIndex, str]], device: str, available: int) -> None:
+    """The Score task holds the dequantized LM head of each model it scores (two with a KL base,
+    each in its run's compute dtype) and a block of logits (rows x a slice of the vocabulary) with
+    their temporaries on the last window's device."""
+    need, weights, names = heads_need(heads)
     if need > available:
-        what = f"the LM head ({names[0]})" if len(ggufs) == 1 else "the LM heads of the model and its KL base"
-        advice = "; --compute-dtype bfloat16 halves it" if element_size == 4 else ""
+        what = f"the LM head ({names[0]})" if len(heads) == 1 else "the LM heads of the model and its KL base"
+        dtypes = "/".join(sorted({dtype for _, dtype in heads}))
+        advice = "; --compute-dtype bfloat16 halves it" if dtypes == "float32" else ""
         raise UserError(f"{what} on {device} needs about {need / GiB:.1f} GiB "
-                        f"({weights / GiB:.1f} GiB of {dtype_name} weights) but {available / GiB:.1f} GiB "
+                        f"({weights / GiB:.1f} GiB of {dtypes} weights) but {available / GiB:.1f} GiB "
                         f"are available{advice}")
 
 

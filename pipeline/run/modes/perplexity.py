@@ -70,7 +70,7 @@ class KLDivergence(Perplexity):
     def report_rows(self, r: dict) -> list[tuple[str, str]]:
         k = r["kld"]
         return super().report_rows(r) + [
-            ("KL base", k["base"]),
+            ("KL base", k["base"] + (f" ({k['base_dtype']} compute)" if "base_dtype" in k else "")),
             ("Mean KLD", f"{k['mean']:.6f} +/- {k['stderr']:.6f}"),
             ("KLD median / p90 / p99", f"{k['median']:.6f} / {k['p90']:.6f} / {k['p99']:.6f}"),
             ("KLD min / max", f"{k['min']:.6f} / {k['max']:.6f}"),
