@@ -181,6 +181,7 @@ def test_a_compute_dtype_axis_shares_one_kl_base_chain_in_its_own_dtype(tmp_path
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("LayerWindow [0..30) cpu: chunk 1/1") == 3, done.stderr   # the copy twice, the base once
     rows = list(csv.DictReader(open(tmp_path / "out" / "sweep.csv")))
-    assert [(r["kl_base"], r["kl_base_dtype"]) for r in rows] == [("smollm2-135m", "float32")] * 2
+    assert [(r["compute_dtype"], r["kl_base"], r["kl_base_dtype"]) for r in rows] == [
+        ("float32", "smollm2-135m", "float32"), ("bfloat16", "smollm2-135m", "float32")]
     assert float(rows[0]["kld_mean"]) == 0 < float(rows[1]["kld_mean"])
     assert "kl_base_dtype" in (tmp_path / "out" / "sweep.md").read_text()

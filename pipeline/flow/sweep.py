@@ -27,9 +27,9 @@ KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer",
         "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice", "multiple_choice_tasks", "escape")
 # paths relative to the repository root
 FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande", "multiple_choice")
-COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "kl_base", "kl_base_dtype",
-           "placement", "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top", "ppl_ratio",
-           "elapsed_s", "tokens_per_s", "reason")
+COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "compute_dtype", "kl_base",
+           "kl_base_dtype", "placement", "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top",
+           "ppl_ratio", "elapsed_s", "tokens_per_s", "reason")
 
 
 def load_sweep(path: str) -> dict:
@@ -89,6 +89,7 @@ def table_row(result: dict, gguf) -> dict:
     return {"model": Path(result["model"]["path"]).name, "architecture": result["model"]["architecture"],
             "status": "ok", "file_gb": round(file_gb, 4),
             "bits_per_weight": round(bpw, 3), "ctx": result["ctx"], "method": result["method"],
+            "compute_dtype": result["compute_dtype"],
             "kl_base": Path(k["base"]).name if k else None, "kl_base_dtype": k.get("base_dtype"),
             "placement": result["placement_text"], "ppl": result.get("ppl"), "ppl_stderr": result.get("ppl_stderr"),
             "mean_nll": result.get("mean_nll"), "accuracy": result.get(result["method"], {}).get("accuracy"),
@@ -102,7 +103,8 @@ def point_row(params: dict, status: str, reason: str) -> dict:
     and why."""
     row = dict.fromkeys(COLUMNS)
     return row | {"model": Path(params["model"]).name, "status": status, "ctx": params.get("ctx"),
-                  "method": params.get("method"), "kl_base": params.get("kl_base") and Path(params["kl_base"]).name,
+                  "method": params.get("method"), "compute_dtype": params.get("compute_dtype"),
+                  "kl_base": params.get("kl_base") and Path(params["kl_base"]).name,
                   "reason": reason}
 
 
@@ -121,11 +123,12 @@ def write_tables(rows: list[dict], out: Path) -> None:
 
 # what tells a sweep's points apart besides the model: the series of its plots are the values of
 # those that vary (a model's architecture too, where several are swept)
-SERIES_KEYS = ("architecture", "ctx", "method", "kl_base", "placement")
+SERIES_KEYS = ("architecture", "ctx", "method", "compute_dtype", "kl_base", "placement")
 
 
 def series_label(row: dict, varying: list[str]) -> str:
-    names = {"architecture": "{}", "ctx": "ctx {}", "method": "{}", "kl_base": "base {}", "placement": "{}"}
+    names = {"architecture": "{}", "ctx": "ctx {}", "method": "{}", "compute_dtype": "{}", "kl_base": "base {}",
+             "placement": "{}"}
     shown = varying or ["ctx"] + (["kl_base"] if row["kl_base"] else [])   # one series: say what it is
     return ", ".join(names[k].format(row[k]) for k in shown)
 
@@ -134,7 +137,7 @@ def plots(rows: list[dict]) -> list[tuple[str, object]]:
     """(file name, figure) of each plot of the sweep's computed rows, as quantization sweeps are
     published: with a KL base, mean KLD (log scale) and the PPL ratio against bits per weight;
     without, PPL against bits per weight. One series per value of what varies besides the
-    model (base, context, method, placement, architecture), each in the legend once; each point
+    model (base, context, method, compute dtype, placement, architecture), each in the legend once; each point
     named by its model, the names kept inside the frame."""
     import matplotlib
 
