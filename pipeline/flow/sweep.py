@@ -104,7 +104,7 @@ def point_row(params: dict, status: str, reason: str) -> dict:
     row = dict.fromkeys(COLUMNS)
     return row | {"model": Path(params["model"]).name, "status": status, "ctx": params.get("ctx"),
                   "method": params.get("method"), "compute_dtype": params.get("compute_dtype"),
-                  "kl_base": params.get("kl_base") and Path(params["kl_base"]).name,
+                  "kl_base": Path(params["kl_base"]).name if params.get("kl_base") else None,
                   "reason": reason}
 
 
