@@ -323,6 +323,26 @@ def step35_hub_config(out: Path) -> None:
     path.write_text(json.dumps(cfg, indent=1))
 
 
+def ling_mtp_layer(out: Path) -> None:
+    """Ling 3's multi-token-prediction layer after the trunk, as its published checkpoints hold it
+    (transformers neither builds nor saves it): an MLA and experts layer (the last trunk layer's
+    weights, copied) with the embedding and hidden norms, their projection and a final norm."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    path, cfg = out / "model.safetensors", json.loads((out / "config.json").read_text())
+    tensors, n, H = load_file(path), cfg["num_hidden_layers"], cfg["hidden_size"]
+    for name, t in list(tensors.items()):
+        if name.startswith(f"model.layers.{n - 1}."):
+            tensors[re.sub(r"^model\.layers\.\d+\.", f"model.layers.{n}.", name)] = t.clone()
+    p = f"model.layers.{n}"
+    tensors |= {f"{p}.enorm.weight": 1 + torch.randn(H) * INIT, f"{p}.hnorm.weight": 1 + torch.randn(H) * INIT,
+                f"{p}.eh_proj.weight": torch.randn(H, 2 * H) * INIT,
+                f"{p}.final_layernorm.weight": 1 + torch.randn(H) * INIT}
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
 def gemma4_scalars(model) -> None:
     """Gemma 4's scalars away from their initial 1: each layer's output scalar, the router's
     input scale and each expert's output scale, so that each shows."""
@@ -574,6 +594,29 @@ SPECS = {
         routed_scaling_factor=2.5, norm_topk_prob=True, score_function="sigmoid", use_qk_norm=True,
         use_qkv_bias=False, use_bias=False, partial_rotary_factor=0.5, rope_theta=10000.0, rms_norm_eps=1e-6,
         hidden_act="silu", num_nextn_predict_layers=1), writer=bailing_moe_v2),
+    # Ling 3.0 (bailingmoe3): Kimi Delta Attention on layers 0 and 2 (the safe gate, its lower bound -3
+    # as the file says), MLA on 1, 3 and 4 (RoPE on consecutive pairs at a low base, a sigmoid gate per
+    # head; the converter makes every layer past the last whole group of layer_group_size full
+    # attention, transformers' layer_types say so explicitly); a dense layer, then sigmoid top-2 of 8
+    # experts in 4 groups of 2 (2 used) with a selection bias, weights normed and scaled, beside a
+    # shared expert; SwiGLU limits on two layers' experts and shared experts (none on the dense layer:
+    # transformers clamps no dense MLP, llama.cpp would); one multi-token-prediction layer after the
+    # trunk, as published. transformers saves head_dim as the RoPE width and its own key names: the
+    # converter reads config.json as published (an unknown model_type), with the hub's keys
+    "bailingmoe3": Spec("BailingHybridConfig", _common(
+        intermediate_size=96, num_hidden_layers=5, moe_intermediate_size=32, n_shared_experts=1,
+        num_local_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+        norm_topk_prob=True, first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, rope_theta=1000.0, short_conv_kernel_size=4, layer_group_size=2,
+        kda_safe_gate=True, kda_lower_bound=-3.0, num_mtp_layers=1,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention", "full_attention"],
+        swiglu_limits=[0.0, 0.0, 1.5, 0.0, 1.0], swiglu_limits_shared=[0.0, 1.2, 0.0, 0.0, 0.8])
+        | dict(num_key_value_heads=4),
+        raw_config=dict(architectures=["BailingMoeV3ForCausalLM"], model_type="bailing_moe_v3_hub", head_dim=16,
+                        n_group=4, num_experts_per_tok=2, norm_topk_prob=True, score_function="sigmoid",
+                        moe_shared_expert_intermediate_size=32, no_kda_lora=True,
+                        gated_attention_proj_granularity_type="head_wise"),
+        checkpoint=ling_mtp_layer),
     # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
     # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
     # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)

@@ -31,6 +31,7 @@ from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import (
     afmoe,
+    bailingmoe3,
     blocks,
     cohere,
     deepseek2,
@@ -162,6 +163,17 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "kimi-linear output gate": ("kimi-linear", None, zeroed("ssm_g_b.weight")),
     "kimi-linear selection bias": ("kimi-linear", None, zeroed("exp_probs_b.bias")),
     "kimi-linear weight scale": ("kimi-linear", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "kimi-linear"): None}, None),
+    "bailingmoe3 KDA output gate": ("bailingmoe3", None, zeroed("ssm_g_a.weight")),
+    "bailingmoe3 KDA gate lower bound": ("bailingmoe3", {"bailingmoe3.kda.gate_lower_bound": -30.0}, None),
+    "bailingmoe3 MLA gate per head": ("bailingmoe3", None, zeroed("attn_gate.weight")),
+    "bailingmoe3 selection bias": ("bailingmoe3", None, zeroed("exp_probs_b.bias")),
+    "bailingmoe3 group limit": ("bailingmoe3", {key(Keys.LLM.EXPERT_GROUP_COUNT, "bailingmoe3"): None,
+                                                key(Keys.LLM.EXPERT_GROUP_USED_COUNT, "bailingmoe3"): None}, None),
+    "bailingmoe3 weights renormalised": ("bailingmoe3", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "bailingmoe3"): False},
+                                         None),
+    "bailingmoe3 experts' SwiGLU limit": ("bailingmoe3", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "bailingmoe3"): None}, None),
+    "bailingmoe3 shared expert's SwiGLU limit": ("bailingmoe3", {key(Keys.LLM.SWIGLU_CLAMP_SHEXP, "bailingmoe3"):
+                                                                 None}, None),
     "step35 gate per head": ("step35", None, zeroed("attn_gate.weight")),
     "step35 sliding window": ("step35", {key(Keys.Attention.SLIDING_WINDOW, "step35"): 1024}, None),
     "step35 sliding RoPE base": ("step35", {key(Keys.Rope.FREQ_BASE_SWA, "step35"): None}, None),
@@ -189,6 +201,7 @@ def test_each_special_feature_moves_the_nll(feature, tiny_model, tmp_path):
 
 
 KIMI_LAYER_SPEC = kimi_linear.KimiLinear.layer_spec
+BAILING3_LAYER_SPEC = bailingmoe3.BailingMoe3.layer_spec
 SELECT_KEYS = heap_select.select_keys
 
 
@@ -225,6 +238,9 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     # its latent-attention layers rotate no key part (llama-perplexity agrees: ARCHITECTURES.md)
     "kimi-linear latent attention without RoPE": ("kimi-linear", kimi_linear.KimiLinear, "layer_spec",
                                                   lambda self, i: rotated(KIMI_LAYER_SPEC(self, i), self.trunk_rope)),
+    # its latent-attention layers rotate the key part on consecutive pairs, where kimi-linear's rotate none
+    "bailingmoe3 latent attention RoPE": ("bailingmoe3", bailingmoe3.BailingMoe3, "layer_spec",
+                                          lambda self, i: rotated(BAILING3_LAYER_SPEC(self, i), None)),
     "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
     "qwen4exp Gated DeltaNet's sigmoid output gate": ("qwen4exp", qwen4exp.Qwen4Exp, "delta_net_gate",
                                                       staticmethod(F.silu)),
@@ -319,6 +335,17 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
     assert torch.equal(logits, forward(dequantized_twin(quantized, tmp_path / "twin.gguf"), ids))
 
 
+def older_kv_b(name, qtype, d):
+    """An attn_kv_b [heads x (nope + value), rank] in place of attn_k_b and attn_v_b, its rows the
+    K decompression twice (what it holds does not matter: the file is refused before any work)."""
+    if name.endswith("attn_v_b.weight"):
+        return None
+    if name.endswith("attn_k_b.weight"):
+        k = d.transpose(0, 2, 1)                                                   # [H, nope, rank]
+        return np.concatenate([k, k], axis=1).reshape(-1, d.shape[1]), qtype, name.replace("attn_k_b", "attn_kv_b")
+    return d, qtype
+
+
 @pytest.mark.parametrize("name,metadata,transform,message", [
     ("deepseek2", {key(Keys.LLM.EXPERT_GATING_FUNC): 3}, None, "expert_gating_func 3 is not computed"),
     ("deepseek2", {key(Keys.Attention.TEMPERATURE_SCALE): 0.5}, None,
@@ -354,6 +381,19 @@ def test_quantized_experts_equal_their_gguf_py_dequantization(name, qtype, tiny_
      "missing metadata key bailingmoe2.expert_gating_func"),
     ("bailingmoe2", None, lambda n, q, d: None if n == "output.weight" else (d, q), "missing tensor output.weight"),
     ("bailingmoe2", {key(Keys.LLM.EXPERT_SHARED_COUNT, "bailingmoe2"): 2}, None, "expert_shared_count = 2 changes"),
+    # llama.cpp asserts bailingmoe3's safe KDA gate and a negative lower bound, stops on a file without
+    # the bound, the gating function or a latent layer's head gate, loads K_b and V_b apart only; a
+    # vision-language file's rope sections make its RoPE multi-axis (MROPE), not computed
+    ("bailingmoe3", {"bailingmoe3.kda.safe_gate": False}, None, "bailingmoe3.kda.safe_gate is false"),
+    ("bailingmoe3", {"bailingmoe3.kda.gate_lower_bound": 0.0}, None, "bailingmoe3.kda.gate_lower_bound is 0"),
+    ("bailingmoe3", {"bailingmoe3.kda.gate_lower_bound": None}, None,
+     "missing metadata key bailingmoe3.kda.gate_lower_bound"),
+    ("bailingmoe3", {key(Keys.LLM.EXPERT_GATING_FUNC, "bailingmoe3"): None}, None,
+     "missing metadata key bailingmoe3.expert_gating_func"),
+    ("bailingmoe3", None, dropped("blk.1.attn_gate.weight"), "missing tensor blk.1.attn_gate.weight"),
+    ("bailingmoe3", None, older_kv_b, "tensor blk.1.attn_kv_b.weight: llama.cpp's bailingmoe3 loader takes attn_k_b"),
+    ("bailingmoe3", {key(Keys.Rope.DIMENSION_SECTIONS, "bailingmoe3"): [2, 1, 1, 0]}, None,
+     "rope.dimension_sections = [2, 1, 1, 0] changes"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

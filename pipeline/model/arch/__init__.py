@@ -5,6 +5,7 @@ from ...errors import UserError
 from ...gguf_io.reader import GGUFIndex
 from .afmoe import Afmoe
 from .bailingmoe2 import BailingMoe2
+from .bailingmoe3 import BailingMoe3
 from .cohere import Cohere2, Cohere2Moe, CommandR
 from .deepseek2 import Deepseek2
 from .deepseek4 import Deepseek4
@@ -54,6 +55,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
     "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3, "bailingmoe2": BailingMoe2,
+    "bailingmoe3": BailingMoe3,
 }
 
 

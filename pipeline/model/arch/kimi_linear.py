@@ -8,7 +8,8 @@ convolution + SiLU; Q and K L2-normed per head; a forget gate per key channel,
 g = A_h softplus(f_b(f_a x) + dt_bias) (A = -exp(A_log), as the converter writes it), and
 beta = sigmoid(b x); the gated delta rule with g scaling the state's rows, over blocks of 16
 (llama.cpp's, where exp of a channel's decay over a longer block would overflow); then
-RMSNorm(o) per head times sigmoid(g_b(g_a x)), and the output projection.
+RMSNorm(o) per head times sigmoid(g_b(g_a x)), and the output projection. The decay and the
+output gate are the mixer's `decay` and `output_gate` (bailingmoe3 computes both otherwise).
 """
 import math
 from dataclasses import replace
@@ -47,15 +48,25 @@ class KimiDeltaAttention(Weights):
         qkv, conv_state = causal_conv1d(qkv, w["conv"], None, (state or {}).get("conv"))
         q, k, v = (t.reshape(B, T, h, dk) for t in wide(F.silu(qkv)).split(h * dk, dim=-1))
         q, k = l2_norm(q, self.eps), l2_norm(k, self.eps)
-        forget = wide(F.linear(F.linear(x, w["f_a"]), w["f_b"])) + wide(w["dt_bias"])      # [B, T, h dk]
-        g = F.softplus(forget).view(B, T, h, dk) * wide(w["A"]).view(h, 1)                 # per key channel, <= 0
+        g = self.decay(x)                                                                  # per key channel, <= 0
         beta = torch.sigmoid(wide(F.linear(x, w["beta"])))                                 # [B, T, h]
         o, ssm_state = delta_rule_blockwise(q * dk ** -0.5, k, v, g, beta, (state or {}).get("ssm"), KDA_BLOCK)
-        gate = F.linear(F.linear(x, w["g_a"]), w["g_b"]).view(B, T, h, dk)
+        gate = self.output_gate(x).view(B, T, h, dk)
         o = rms_norm(o, wide(w["norm"]), self.eps) * torch.sigmoid(wide(gate))             # [B, T, h, dk]
         if state is not None:
             state["conv"], state["ssm"] = conv_state, ssm_state
         return F.linear(o.reshape(B, T, h * dk).to(x.dtype), w["out"])
+
+    def decay(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden] -> the log decay [B, T, h, d_k] of each key channel: Kimi's
+        A_h softplus(f_b(f_a x) + dt_bias)."""
+        w, (B, T, _), h, dk = self.w, x.shape, self.n_head, self.d_k
+        forget = wide(F.linear(F.linear(x, w["f_a"]), w["f_b"])) + wide(w["dt_bias"])      # [B, T, h dk]
+        return F.softplus(forget).view(B, T, h, dk) * wide(w["A"]).view(h, 1)
+
+    def output_gate(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden] -> the output gate before its sigmoid [B, T, h x d_k]: g_b(g_a x)."""
+        return F.linear(F.linear(x, self.w["g_a"]), self.w["g_b"])
 
 
 class KimiLinear(Deepseek2):
