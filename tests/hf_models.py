@@ -245,6 +245,54 @@ def llama_cpp_ties(model) -> None:
             indexer.forward = llama_selection()(indexer.forward)
 
 
+def dots3_hub_config(out: Path) -> None:
+    """dots3's config.json as published (and so as the converter reads it, raw): the sliding layers'
+    geometry under swa_* keys and the RoPE bases at the top, where transformers' config nests them
+    (per_layer_config, rope_parameters per layer type); the flags its converter checks, and the
+    latents' rescale, which transformers always applies, folded into their norms."""
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    sliding = cfg["layer_types"].index("sliding_attention")
+    swa = cfg.pop("per_layer_config")[str(sliding)]
+    rope = cfg.pop("rope_parameters")
+    cfg.update({f"swa_{k}": swa.get(k, cfg[k]) for k in (
+        "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank", "head_dim", "qk_nope_head_dim",
+        "qk_rope_head_dim", "v_head_dim")})
+    cfg.update(sliding_window_size=cfg["sliding_window"], rope_theta=rope["indexed_attention"]["rope_theta"],
+               swa_rope_theta=rope["sliding_attention"]["rope_theta"],
+               first_k_dense_replace=cfg["mlp_layer_types"].index("sparse"), scoring_func="sigmoid",
+               topk_method="noaux_tc", use_dsa=True, k_rope_only_layernorm=True, apply_mla_qkv_lora_rescale=True,
+               model_type="dots3_note_hub")   # unknown to AutoConfig: the converter reads the file as it is
+    path.write_text(json.dumps(cfg, indent=1))
+
+
+def llama_cpp_dots3_indexer(model) -> None:
+    """dots3's indexer as llama.cpp's graph computes it: its q and k rotated half the rotated width
+    apart (ggml's NEOX) on their first qk_rope_head_dim values, where transformers rotates consecutive
+    pairs (the converter leaves the indexer's weights as they are); ties at the top_k-th score broken
+    as ggml's heap selection breaks them (llama_cpp_ties)."""
+    import contextlib
+
+    from transformers.models.dots3_note import modeling_dots3_note as m
+
+    def neox(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + m.rotate_half(q) * sin, k * cos + m.rotate_half(k) * sin
+
+    @contextlib.contextmanager
+    def neox_rope():
+        interleaved, m.apply_rotary_pos_emb_interleave = m.apply_rotary_pos_emb_interleave, neox
+        try:
+            yield
+        finally:
+            m.apply_rotary_pos_emb_interleave = interleaved
+
+    llama_cpp_ties(model)
+    for layer in model.model.layers:
+        if (indexer := layer.self_attn.indexer) is not None:
+            indexer.forward = neox_rope()(indexer.forward)
+
+
 def sharper_head(model) -> None:
     """An LM head three times the initial scale: the final mixer averages sigmoid-gated streams,
     which leaves the logits of a random Qwen4-Exp too flat to show a broken layer."""
@@ -617,6 +665,35 @@ SPECS = {
                         moe_shared_expert_intermediate_size=32, no_kda_lora=True,
                         gated_attention_proj_granularity_type="head_wise"),
         checkpoint=ling_mtp_layer),
+    # dots.llm1 (dots1): Qwen3's attention (per-head QK-norm, RoPE half the head apart), as many KV heads as
+    # heads (llama.cpp's loader sizes K and V by head_count); a dense layer, then three of sigmoid top-2 of 8
+    # experts in 4 groups of 2 (2 used) with a selection bias, weights normed and scaled, beside two shared
+    # experts (one MLP twice the expert width); transformers' Dots1 always routes by sigmoid and leaves
+    # scoring_func out of config.json, without which llama.cpp's graph aborts
+    "dots1": Spec("Dots1Config", _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+        norm_topk_prob=True, first_k_dense_replace=1, sliding_window=None,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)) | dict(num_key_value_heads=4),
+        raw_config={"scoring_func": "sigmoid"}),
+    # dots3 (dots3note): latent attention on every layer; two sliding layers (a window of 32, RoPE base
+    # 100) with their own heads (8), latent rank (24) and head sizes (nope 12 + rope 8, values 8) between
+    # full ones (4 heads, rank 32, nope 16 + rope 8, values 16) with DeepSeek Sparse Attention (a 4-head
+    # indexer of 64 -- ggml's Hadamard rotation takes multiples of 64 --, the top 16 keys: the tests score
+    # 150 positions); the shared RoPE key RMS-normed, a sigmoid gate per head; a dense layer, then sigmoid
+    # top-2 of 8 experts with a selection bias, weights normed and scaled, beside a shared expert; the
+    # converter looks up its end-of-turn token
+    "dots3note": Spec("Dots3NoteTextConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, shared_experts_intermediate_size=32,
+        n_shared_experts=1, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, index_topk=16, index_head_dim=64, index_n_heads=4,
+        layer_types=["indexed_attention", "sliding_attention", "sliding_attention", "indexed_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"], sliding_window=32, rope_theta=10000.0,
+        swa_rope_theta=100.0, swa_num_attention_heads=8, swa_num_key_value_heads=8, swa_q_lora_rank=48,
+        swa_kv_lora_rank=24, swa_head_dim=20, swa_qk_nope_head_dim=12, swa_qk_rope_head_dim=8, swa_v_head_dim=8)
+        | dict(num_key_value_heads=4, head_dim=24), special_tokens=("<|endofassistant|>",),
+        causal_lm="Dots3NoteForCausalLM", checkpoint=dots3_hub_config, reference=llama_cpp_dots3_indexer),
     # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
     # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
     # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)
@@ -761,17 +838,17 @@ SPECS = {
 # many more of them as make up the width), state and latent ranks as DeepSeek's and Mamba2's,
 # feed-forward blocks 16 times as wide
 WIDE = "@2048"
-WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "mamba_d_ssm"), 32),
-         **dict.fromkeys(("kv_lora_rank",), 16),
+WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "swa_q_lora_rank", "mamba_d_ssm"), 32),
+         **dict.fromkeys(("kv_lora_rank", "swa_kv_lora_rank"), 16),
          **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "num_sliding_attention_heads",
                           "swa_num_attention_heads", "swa_num_key_value_heads", "mamba_num_heads", "mamba_n_heads",
                           "linear_key_head_dim", "linear_value_head_dim", "ssm_state_size", "mamba_d_state"), 8),
          **dict.fromkeys(("head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swa_head_dim",
-                          "swa_v_head_dim", "global_head_dim", "mamba_head_dim", "mamba_d_head",
-                          "linear_num_key_heads", "linear_num_value_heads"), 4),
+                          "swa_v_head_dim", "swa_qk_nope_head_dim", "swa_qk_rope_head_dim", "global_head_dim",
+                          "mamba_head_dim", "mamba_d_head", "linear_num_key_heads", "linear_num_value_heads"), 4),
          **dict.fromkeys(("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size",
                           "moe_shared_expert_intermediate_size", "share_expert_dim", "shared_intermediate_size",
-                          "prefix_dense_intermediate_size"), 16)}
+                          "shared_experts_intermediate_size", "prefix_dense_intermediate_size"), 16)}
 
 
 def wide(spec: Spec) -> Spec:

@@ -102,6 +102,19 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
                                                 key(Keys.LLM.EXPERT_GROUP_USED_COUNT, "bailingmoe2"): None}, None),
     "bailingmoe2 weight scale": ("bailingmoe2", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "bailingmoe2"): None}, None),
     "bailingmoe2 shared expert": ("bailingmoe2", None, zeroed("ffn_down_shexp.weight")),
+    "dots1 QK-norm weights": ("dots1", None, ones(("attn_q_norm.weight", "attn_k_norm.weight"))),
+    "dots1 sigmoid routing": ("dots1", {key(Keys.LLM.EXPERT_GATING_FUNC, "dots1"): 1}, None),
+    "dots1 selection bias": ("dots1", None, zeroed("exp_probs_b.bias")),
+    "dots1 group limit": ("dots1", {key(Keys.LLM.EXPERT_GROUP_COUNT, "dots1"): None,
+                                    key(Keys.LLM.EXPERT_GROUP_USED_COUNT, "dots1"): None}, None),
+    "dots1 weight scale": ("dots1", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "dots1"): None}, None),
+    "dots1 shared experts": ("dots1", None, zeroed("ffn_down_shexp.weight")),
+    "dots3note sliding window": ("dots3note", {key(Keys.Attention.SLIDING_WINDOW, "dots3note"): 1024}, None),
+    "dots3note sliding RoPE base": ("dots3note", {key(Keys.Rope.FREQ_BASE_SWA, "dots3note"): 10000.0}, None),
+    "dots3note gate per head": ("dots3note", None, zeroed("attn_gate.weight")),
+    "dots3note RoPE key norm": ("dots3note", None, ones("attn_k_norm.weight")),
+    "dots3note sparse attention": ("dots3note", {key(Keys.Attention.Indexer.TOP_K, "dots3note"): 1024}, None),
+    "dots3note selection bias": ("dots3note", None, zeroed("exp_probs_b.bias")),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -394,6 +407,18 @@ def older_kv_b(name, qtype, d):
     ("bailingmoe3", None, older_kv_b, "tensor blk.1.attn_kv_b.weight: llama.cpp's bailingmoe3 loader takes attn_k_b"),
     ("bailingmoe3", {key(Keys.Rope.DIMENSION_SECTIONS, "bailingmoe3"): [2, 1, 1, 0]}, None,
      "rope.dimension_sections = [2, 1, 1, 0] changes"),
+    # llama.cpp stops on a dots1 file without a gating function, its own LM head or a QK-norm; on a
+    # dots3note file whose indexer types are not its full layers or without a head gate; RoPE scaling
+    # on dots3note is not computed (llama.cpp would; no published file has it)
+    ("dots1", {key(Keys.LLM.EXPERT_GATING_FUNC, "dots1"): None}, None, "missing metadata key dots1.expert_gating_func"),
+    ("dots1", None, lambda n, q, d: None if n == "output.weight" else (d, q), "missing tensor output.weight"),
+    ("dots1", None, dropped("blk.1.attn_q_norm.weight"), "missing tensor blk.1.attn_q_norm.weight"),
+    ("dots3note", {"dots3note.attention.indexer.types": [True] * 4}, None, "layer 1 is sliding but"),
+    ("dots3note", {key(Keys.LLM.EXPERT_GATING_FUNC, "dots3note"): None}, None,
+     "missing metadata key dots3note.expert_gating_func"),
+    ("dots3note", None, dropped("blk.2.attn_gate.weight"), "blk.2.attn_gate.weight"),
+    ("dots3note", {key(Keys.Rope.SCALING_TYPE, "dots3note"): "linear", key(Keys.Rope.SCALING_FACTOR, "dots3note"): 2.0},
+     None, "RoPE scaling is not computed by layercycle for dots3note"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

@@ -132,6 +132,9 @@ MATRIX: list[Member] = [
     member("kimi-linear", "kimi-linear", True, 0.012, 0.0056),
     member("step35", "step35", True, 0.009, 0.0058),
     member("bailingmoe3", "bailingmoe3", True, 0.0064, 0.0032),
+    member("dots1", "dots1", True, 0.004, 0.0005),
+    member("dots3note", "dots3note", True, 0.05, 0.0252, "deepseek32's indexer on its full layers: its top 16 "
+           "moves with inputs rounded to 16 bits"),
 ]
 
 

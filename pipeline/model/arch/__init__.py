@@ -10,6 +10,8 @@ from .cohere import Cohere2, Cohere2Moe, CommandR
 from .deepseek2 import Deepseek2
 from .deepseek4 import Deepseek4
 from .deepseek32 import Deepseek32
+from .dots1 import Dots1
+from .dots3note import Dots3Note
 from .ernie4_5_moe import Ernie45Moe
 from .exaone4 import Exaone4
 from .falcon_h1 import FalconH1
@@ -56,6 +58,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
     "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3, "bailingmoe2": BailingMoe2,
     "bailingmoe3": BailingMoe3,
+    "dots1": Dots1, "dots3note": Dots3Note,
 }
 
 

@@ -61,6 +61,8 @@ class LatentAttention(Attention):
         kv = rms_norm(kv, w["kv_a_norm"], self.eps)                                 # [B, T, rank]
         k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
             [s.key_dim - rope_dim, s.value_dim], dim=-1)                             # [B, H, T, nope], [.., value]
+        if "k_pe_norm" in w:   # dots3note: the shared RoPE key RMS-normed before RoPE
+            k_pe = rms_norm(k_pe, w["k_pe_norm"], self.eps)
         k_pe = k_pe[:, None]                                                        # [B, 1, T, rope]
         if rope is not None:   # (Kimi Linear rotates nothing)
             cos, sin = tables.rope(rope)
@@ -117,6 +119,10 @@ class Deepseek2(DecoderArch):
     def kv_rank(self) -> int:
         return int(self.key(Keys.Attention.KV_LORA_RANK))
 
+    def layer_kv_rank(self, i: int) -> int:
+        """Layer i's kv_lora_rank (a family with layers of two geometries overrides it)."""
+        return self.kv_rank()
+
     def layer_spec(self, i: int) -> LayerSpec:
         return LayerSpec(i, "latent_attention", self.ffn_kind(i), self.attention_spec(i))
 
@@ -161,14 +167,15 @@ class Deepseek2(DecoderArch):
         else:   # per head: K_b [rank, nope] transposed, then V_b [value, rank]
             k_b, v_b = t.unheld(MT.ATTN_K_B), t.unheld(MT.ATTN_V_B)                 # [H, rank, nope], [H, value, rank]
             w["kv_b"] = t.keep(torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1))  # [H x (nope + value), rank]
-        return LatentAttention(w, spec.attention, self.hp.eps, self.kv_rank())
+        return LatentAttention(w, spec.attention, self.hp.eps, self.layer_kv_rank(spec.index))
 
     def check_latent_shapes(self) -> None:
         """Every latent-attention tensor against the heads, head sizes and ranks of the metadata."""
-        hidden, rank, rope_dim, value_dim = self.hp.hidden, self.kv_rank(), self.trunk_rope.dim, self.value_dim()
+        hidden, rope_dim = self.hp.hidden, self.trunk_rope.dim
         q_rank = int(self.key(Keys.Attention.Q_LORA_RANK, 0))
         for spec in (s for s in self.specs if s.mixer == "latent_attention"):
             a, nope = spec.attention, spec.attention.key_dim - rope_dim
+            rank, value_dim = self.layer_kv_rank(spec.index), a.value_dim
             if nope < 1:
                 raise UserError(f"{self.gguf.path}: head size {a.key_dim} leaves no room beside the RoPE part "
                                 f"({rope_dim}) of latent attention")
