@@ -41,6 +41,8 @@ import conversion.deepseek
 conversion.deepseek.DeepseekV32Model.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 import conversion.phi
 conversion.phi.Phi3MiniModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
+import conversion.hunyuan
+conversion.hunyuan.HunYuanMoEModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 answers, sys.stdout = sys.stdout, sys.stderr     # what the converter prints goes with its log
 for line in sys.stdin:
     read, write = os.pipe()
@@ -397,6 +399,96 @@ def gemma4_scalars(model) -> None:
     for name, t in [*model.named_buffers(), *model.named_parameters()]:
         if name.endswith(("layer_scalar", "router.scale", "router.per_expert_scale")):
             t.copy_(0.5 + torch.rand_like(t))
+
+
+def per_expert_layout(out: Path) -> None:
+    """Experts as Hunyuan's and Hy3's published checkpoints (and so their converters, which stack
+    them again) hold them: one gate_proj, up_proj and down_proj per expert under mlp.experts.N,
+    where transformers 5 saves stacked mlp.experts.gate_up_proj [E, 2 ff, hidden] (gate rows, then
+    up rows) and mlp.experts.down_proj [E, hidden, ff]."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    hub = {}
+    for name, t in load_file(path).items():
+        prefix, _, rest = name.partition(".mlp.experts.")
+        if rest == "gate_up_proj":
+            gate, up = t.chunk(2, dim=1)
+            for e in range(t.shape[0]):
+                hub[f"{prefix}.mlp.experts.{e}.gate_proj.weight"] = gate[e].contiguous()
+                hub[f"{prefix}.mlp.experts.{e}.up_proj.weight"] = up[e].contiguous()
+        elif rest == "down_proj":
+            for e in range(t.shape[0]):
+                hub[f"{prefix}.mlp.experts.{e}.down_proj.weight"] = t[e].contiguous()
+        else:
+            hub[name] = t
+    save_file(hub, path, metadata={"format": "pt"})
+
+
+def hunyuan_hub_layout(out: Path) -> None:
+    """Hunyuan-A13B's checkpoint as published: per-expert tensors (per_expert_layout), and the per-layer
+    lists its converter reads from config.json (moe_intermediate_size, moe_topk, num_shared_expert),
+    where transformers' config holds one value (its experts are intermediate_size wide)."""
+    per_expert_layout(out)
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    n = cfg["num_hidden_layers"]
+    cfg.update(moe_intermediate_size=[cfg["intermediate_size"]] * n, moe_topk=[cfg["moe_topk"]] * n,
+               num_shared_expert=[1] * n)
+    path.write_text(json.dumps(cfg, indent=1))
+
+
+def hy3_with_mtp(out: Path) -> None:
+    """Hy3's checkpoint as published: per-expert tensors (per_expert_layout), and one
+    multi-token-prediction block after the trunk (model.layers.N: a sparse decoder layer, its
+    enorm, hnorm, eh_proj and final_layernorm), which transformers' HYV3 has no module for; a
+    perplexity pass never runs it (llama.cpp loads and skips it)."""
+    from safetensors.torch import load_file, save_file
+
+    per_expert_layout(out)
+    path = out / "model.safetensors"
+    w = load_file(path)
+    n, H = json.loads((out / "config.json").read_text())["num_hidden_layers"], w["model.embed_tokens.weight"].shape[1]
+    src = f"model.layers.{n - 1}."
+    g = torch.Generator().manual_seed(5)
+    for name, t in list(w.items()):
+        if name.startswith(src):
+            w[f"model.layers.{n}." + name[len(src):]] = t + torch.randn(t.shape, generator=g) * INIT
+    for kind in ("enorm", "hnorm", "final_layernorm"):
+        w[f"model.layers.{n}.{kind}.weight"] = 1 + torch.randn(H, generator=g) * INIT
+    w[f"model.layers.{n}.eh_proj.weight"] = torch.randn(H, 2 * H, generator=g) * INIT
+    save_file(w, path, metadata={"format": "pt"})
+
+
+def hy4_hub_layout(out: Path) -> None:
+    """Hy4's tensors under their published names, which its converter maps: transformers 5 saves
+    the iHC tensors as hc_pre.hc_attn_layer.hc_fn (its renaming reversed at the wrong place) where the
+    hub has hc_attn_layer.hc_pre.hc_fn, the head's as model.hc_pre.hc_head.* for model.hc_head.*,
+    and the dense and shared MLPs' gate_proj as linear_gate (the attention gate's hub name)."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    hub = {}
+    for name, t in load_file(path).items():
+        name = re.sub(r"\.hc_pre\.(hc_attn_layer|hc_mlp_layer)\.", r".\1.hc_pre.", name)
+        name = name.replace("model.hc_pre.hc_head.", "model.hc_head.")
+        name = re.sub(r"\.mlp\.(shared_experts\.)?linear_gate\.", r".mlp.\1gate_proj.", name)
+        hub[name] = t
+    save_file(hub, path, metadata={"format": "pt"})
+
+
+def hy4_params(model) -> None:
+    """Hy4's sinks and iHC scales and biases away from their initial values (0, 0.01, -ln 3), so
+    that each shows."""
+    for name, t in model.named_parameters():
+        if name.endswith("sinks"):
+            t.copy_(torch.randn_like(t))
+        elif name.endswith(("hc.scale", "hc_scale")):
+            t.copy_(0.5 + torch.rand_like(t))
+        elif name.endswith(("hc.base", "hc_base")):
+            t.add_(torch.randn_like(t) * INIT)
 
 
 # the smallest Qwen3-VL vision tower: the converter takes the text trunk and its deepstack count
@@ -831,6 +923,38 @@ SPECS = {
         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32, attention_k_eq_v=True,
         num_global_key_value_heads=1, final_logit_softcapping=10.0, rope_parameters=GEMMA4_ROPE)
         | dict(tie_word_embeddings=True), prepare=gemma4_scalars),
+    # Hunyuan-A13B: per-head QK-norm after RoPE (NeoX), top-2 of 4 softmax-routed experts renormalised,
+    # beside an ungated shared MLP of the same width on every layer; the converter reads its per-layer
+    # lists (transformers' config holds one value)
+    "hunyuan-moe": Spec("HunYuanMoEV1Config", _common(
+        intermediate_size=32, num_hidden_layers=4, num_experts=4, moe_topk=2,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        checkpoint=hunyuan_hub_layout),
+    # Hy3: per-head QK-norm before RoPE (NeoX), one dense layer, then sigmoid top-2 of 4 experts chosen
+    # with a selection bias, renormalised and scaled by 2.5, beside an ungated shared expert twice the
+    # experts' width; a multi-token-prediction block after the trunk, unread
+    "hy_v3": Spec("HYV3Config", _common(
+        intermediate_size=96, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=32, num_shared_experts=2, router_scaling_factor=2.5,
+        mlp_layer_types=["dense"] + ["sparse"] * 3,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        raw_config=dict(num_nextn_predict_layers=1), checkpoint=hy3_with_mtp),
+    # Hy4: MLA (4 heads, nope 16 + rope 8 on consecutive pairs, values 16, ranks 48 / 32) with learned
+    # sinks and a sigmoid gate per value; DSA: 4 indexer heads of 48 (more than the 32 rotated at hidden
+    # 2048), the rotated part last, the top 16 keys (the tests score 150 positions), layers 1 and 3
+    # sharing the selection of 0 and 2, ties at the 16th as llama.cpp's heap selection breaks them; four
+    # iHC streams (magnitude 2); one dense layer, then sigmoid top-2 of 4 experts with a selection bias,
+    # renormalised and scaled, their SwiGLU clamped at 1.5, beside an unclamped shared expert; RMS eps
+    # 1e-6, the eps transformers norms the Q and KV latents with (llama.cpp: the file's RMS eps)
+    "hy_v4": Spec("HYV4Config", {k: v for k, v in _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, routed_scaling_factor=2.5, q_lora_rank=48, kv_lora_rank=32,
+        qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, index_topk=16, index_head_dim=48,
+        index_n_heads=4, indexer_types=["full", "shared", "full", "shared"],
+        mlp_layer_types=["dense"] + ["sparse"] * 3, hc_mult=4, hc_magnitude=2.0, hc_eps=1e-6, swiglu_limit=1.5,
+        rms_norm_eps=1e-6,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)).items() if k != "head_dim"},
+        prepare=hy4_params, checkpoint=hy4_hub_layout, reference=llama_cpp_ties),
 }
 
 # a member at real width (tests/test_activation_memory.py): hidden 2048 (the tiny ones' 64 x 32) in

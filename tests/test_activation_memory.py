@@ -107,13 +107,13 @@ def test_every_converted_family_at_real_width_is_counted_within_twice_its_peak(t
     granitemoe 96 / 144, granitehybrid 585 / 729, bailingmoe2 98 / 177, phi3 105 / 160, command-r 112 / 128, cohere2
     112 / 128, cohere2moe 114 / 160, lfm2 169 / 176, lfm2moe 160 / 176, falcon-h1 329 / 438, afmoe
     117 / 144, mimo2 300 / 400, step35 145 / 176, bailingmoe3 418 / 544, dots1 130 / 176,
-    dots3note 253 / 306."""
+    dots3note 253 / 306, hunyuan-moe 107 / 144, hy_v3 103 / 144, hy_v4 363 / 690."""
     from pipeline.tools.architectures import CONVERTED_WIDE, MATRIX, PREFLIGHT_MEASURED
 
     from .hf_models import wide_model
 
     members = [m for m in MATRIX if PREFLIGHT_MEASURED[m.architecture] == CONVERTED_WIDE]
-    assert len({m.architecture for m in members}) == 37
+    assert len({m.architecture for m in members}) == 40
     names = [m.name for m in members if m.name != "phi3_longrope"]
     for first in range(0, len(names), 6):
         paths = {name: wide_model(name, tmp_path) for name in names[first:first + 6]}

@@ -41,6 +41,7 @@ from pipeline.model.arch import (
     glm_dsa,
     gpt_oss,
     heap_select,
+    hunyuan_moe,
     kimi_linear,
     llama4,
     load_architecture,
@@ -115,6 +116,17 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "dots3note RoPE key norm": ("dots3note", None, ones("attn_k_norm.weight")),
     "dots3note sparse attention": ("dots3note", {key(Keys.Attention.Indexer.TOP_K, "dots3note"): 1024}, None),
     "dots3note selection bias": ("dots3note", None, zeroed("exp_probs_b.bias")),
+    "hunyuan-moe shared MLP": ("hunyuan-moe", None, zeroed("ffn_down_shexp.weight")),
+    "hy_v3 sigmoid routing": ("hy_v3", {key(Keys.LLM.EXPERT_GATING_FUNC, "hy_v3"): 1}, None),
+    "hy_v3 selection bias": ("hy_v3", None, zeroed("exp_probs_b")),
+    "hy_v3 weight scale": ("hy_v3", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "hy_v3"): None}, None),
+    "hy_v3 shared expert": ("hy_v3", None, zeroed("ffn_down_shexp.weight")),
+    "hy_v4 sinks": ("hy_v4", None, zeroed("attn_sinks.weight")),
+    "hy_v4 gate per value": ("hy_v4", None, zeroed("attn_gate.weight")),
+    "hy_v4 sparse attention": ("hy_v4", {key(Keys.Attention.Indexer.TOP_K, "hy_v4"): 1024}, None),
+    "hy_v4 experts' SwiGLU clamp": ("hy_v4", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "hy_v4"): None}, None),
+    "hy_v4 selection bias": ("hy_v4", None, zeroed("exp_probs_b.bias")),
+    "hy_v4 stream output weights": ("hy_v4", None, zeroed("hc_ffn_base.weight")),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -274,6 +286,17 @@ def test_each_feature_without_a_switch_moves_the_nll(feature, tiny_model, monkey
     assert abs(computed - nll(path, ids)) > MOVED
 
 
+def test_hunyuan_moe_norms_queries_and_keys_after_rope(tiny_model, monkeypatch):
+    """RoPE keeps each head's RMS, so normalising after it differs from before it only by where the
+    norm's weights fall: the logits move by up to 8, the NLL on random ids by 0.004 (below MOVED)."""
+    _, path = tiny_model("hunyuan-moe")
+    ids = random_ids()
+    after = forward(path, ids)
+    monkeypatch.setattr(hunyuan_moe.HunyuanMoe, "attention", lambda self, spec, t: blocks.Attention(
+        self.attention_weights(spec, t), spec, self.hp.eps))     # qwen3's: QK-norm before RoPE
+    assert (forward(path, ids) - after).abs().max().item() > 1.0
+
+
 def joined_kv_b(src, dst):
     """The file as older converters wrote it: per head, the K decompression (transposed back)
     then the V one in one attn_kv_b [heads x (nope + value), rank]; head sizes as MHA's."""
@@ -419,6 +442,14 @@ def older_kv_b(name, qtype, d):
     ("dots3note", None, dropped("blk.2.attn_gate.weight"), "blk.2.attn_gate.weight"),
     ("dots3note", {key(Keys.Rope.SCALING_TYPE, "dots3note"): "linear", key(Keys.Rope.SCALING_FACTOR, "dots3note"): 2.0},
      None, "RoPE scaling is not computed by layercycle for dots3note"),
+    # llama.cpp routes hunyuan-moe by softmax whatever the file says (a file that says otherwise is
+    # refused); it leaves a hy_v3 selection bias named with a `.bias` suffix unread; it stops on a
+    # hy_v4 file without a gating function or whose layer 0 does not run the indexer
+    ("hunyuan-moe", {key(Keys.LLM.EXPERT_GATING_FUNC, "hunyuan-moe"): 2}, None, "expert_gating_func = 2 changes"),
+    ("hy_v3", None, lambda n, q, d: (d, q, n + ".bias") if n.endswith("exp_probs_b") else (d, q),
+     "tensor blk.1.exp_probs_b.bias is not part of the hy_v3 layer"),
+    ("hy_v4", {key(Keys.LLM.EXPERT_GATING_FUNC, "hy_v4"): None}, None, "missing metadata key hy_v4.expert_gating_func"),
+    ("hy_v4", {"hy_v4.attention.indexer.types": [False, True, False, True]}, None, "layer 0"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

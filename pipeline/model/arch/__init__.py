@@ -24,6 +24,9 @@ from .glm4moe import Glm4Moe
 from .glm_dsa import GlmDsa
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteHybrid
+from .hunyuan_moe import HunyuanMoe
+from .hy_v3 import HyV3
+from .hy_v4 import HyV4
 from .kimi_linear import KimiLinear
 from .lfm2 import Lfm2
 from .llama import Llama
@@ -59,6 +62,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3, "bailingmoe2": BailingMoe2,
     "bailingmoe3": BailingMoe3,
     "dots1": Dots1, "dots3note": Dots3Note,
+    "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4,
 }
 
 

@@ -52,14 +52,10 @@ class SparseLatentAttention(LatentAttention):
         """The keys each query attends to, [B, T queries, T keys] bool: its `top_k` of highest
         indexer score among the earlier ones (all of them while there are no more)."""
         B, T, _ = x.shape
-        w, H, D = self.w, self.n_index_head, self.index_dim
+        H, D = self.n_index_head, self.index_dim
         x, q_a = x.float(), q_a.float()   # in float32 whatever the compute dtype: 16 bits would move the top-k
-        cos, sin = tables.rope(self.index_rope, torch.float32)
-        q = apply_rope(F.linear(q_a, w["index_q_b"]).view(B, T, H, D).transpose(1, 2), cos, sin,
-                       self.index_rope)                                             # [B, H, T, D]
-        k = layer_norm(F.linear(x, w["index_k"]), w["index_k_norm"], INDEXER_NORM_EPS) + w["index_k_norm_bias"]
-        k = apply_rope(k[:, None], cos, sin, self.index_rope)                       # [B, 1, T, D]
-        weights = F.linear(x, w["index_proj"]) * (1.0 / math.sqrt(D * H))          # [B, T, H]
+        q, k = self.index_queries_keys(x, q_a, tables)                              # [B, H, T, D], [B, 1, T, D]
+        weights = F.linear(x, self.w["index_proj"]) * (1.0 / math.sqrt(D * H))     # [B, T, H]
         positions = torch.arange(T, device=x.device)
         causal = positions[:, None] >= positions[None, :]                            # [T, T]
         selected = causal.expand(B, T, T).clone()
@@ -71,6 +67,16 @@ class SparseLatentAttention(LatentAttention):
             score = score.masked_fill(~causal[a:b, :b], -math.inf)
             selected[:, a:b, :b] = self.best(score, a)
         return selected
+
+    def index_queries_keys(self, x: torch.Tensor, q_a: torch.Tensor, tables) -> tuple[torch.Tensor, torch.Tensor]:
+        """The indexer's rotated queries [B, H, T, D] and its one key [B, 1, T, D] (LayerNorm'd), in
+        float32 from x [B, T, hidden] and the query latent q_a [B, T, q_rank]."""
+        B, T, _ = x.shape
+        w, H, D = self.w, self.n_index_head, self.index_dim
+        cos, sin = tables.rope(self.index_rope, torch.float32)
+        q = apply_rope(F.linear(q_a, w["index_q_b"]).view(B, T, H, D).transpose(1, 2), cos, sin, self.index_rope)
+        k = layer_norm(F.linear(x, w["index_k"]), w["index_k_norm"], INDEXER_NORM_EPS) + w["index_k_norm_bias"]
+        return q, apply_rope(k[:, None], cos, sin, self.index_rope)
 
     def best(self, score: torch.Tensor, first: int) -> torch.Tensor:
         """score [B, queries, keys] of queries first.. (each with more earlier keys than top_k,
