@@ -12,6 +12,7 @@ broken layer then moves the logits instead of hiding under ln(vocab).
 """
 import functools
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
@@ -1058,14 +1059,18 @@ def tiny_model(name: str, root: Path, outtype: str = "f32"):
 
 
 def wide_model(name: str, root: Path) -> Path:
-    """Member `name` at real width (WIDE), converted to float16; its Hugging Face folder removed."""
+    """Member `name` at real width (WIDE), converted to float16; its Hugging Face folder, written
+    in memory where /dev/shm has room for it (a few hundred MB), removed."""
     import shutil
 
-    hf_dir = root / f"{name}{WIDE}-hf"
-    build_hf(name + WIDE, hf_dir)
-    path = convert(hf_dir, root / f"{name}{WIDE}-f16.gguf", "f16", SPECS[name].convert_args)
-    shutil.rmtree(hf_dir)
-    return path
+    shm = Path("/dev/shm")
+    scratch = shm if shm.is_dir() and shutil.disk_usage(shm).free > 4 * 2 ** 30 else root
+    hf_dir = scratch / f"layercycle-{os.getpid()}-{name}{WIDE}-hf"
+    try:
+        build_hf(name + WIDE, hf_dir)
+        return convert(hf_dir, root / f"{name}{WIDE}-f16.gguf", "f16", SPECS[name].convert_args)
+    finally:
+        shutil.rmtree(hf_dir, ignore_errors=True)
 
 
 def synthetic_member(m, folder: Path, tokenizer_from: Path) -> Path:
