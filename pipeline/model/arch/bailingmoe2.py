@@ -17,11 +17,7 @@ from .loading import BlockTensors
 
 class BailingMoe2(DenseThenSigmoidExperts, DecoderArch):
     neox_rope = True   # the converter leaves Q and K as they are: pairs half the rotated width apart
-
-    def __init__(self, gguf):
-        super().__init__(gguf)
-        if "output.weight" not in gguf.tensors:   # llama.cpp's loader requires it: no tied head
-            raise UserError(f"{gguf.path}: missing tensor output.weight (a bailingmoe2 file's LM head)")
+    own_head_required = True
 
     def read_gating(self) -> str:
         return self.gating_in_file(None)   # llama.cpp stops on a file that names no gating function

@@ -19,11 +19,11 @@ from .shapes import expect
 
 
 class Dots1(DenseThenSigmoidExperts, Qwen2):
+    own_head_required = True
+
     def __init__(self, gguf):
         super().__init__(gguf)
         path, hp = gguf.path, self.hp
-        if "output.weight" not in gguf.tensors:   # llama.cpp's loader requires it: no tied head
-            raise UserError(f"{path}: missing tensor output.weight (a dots1 file's LM head)")
         if self.trunk_rope.dim != hp.head_dim:
             raise UserError(f"{path}: rope.dimension_count {self.trunk_rope.dim} is not key_length {hp.head_dim} "
                             f"(llama.cpp's dots1 graph rotates whole heads)")

@@ -76,6 +76,7 @@ class DecoderArch:
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
+    own_head_required = False               # llama.cpp's loader requires output.weight (no tied head)
     blockwise_scores = False                # its attention forms the scores outside SDPA (blocks.BlockwiseAttention)
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     output_norm = MT.OUTPUT_NORM            # the final norm's tensor
@@ -92,6 +93,8 @@ class DecoderArch:
         self.groups = self.expert_groups()
         self.specs = [self.layer_spec(i) for i in range(self.hp.n_layers)]
         check_shapes(self)
+        if self.own_head_required and "output.weight" not in gguf.tensors:   # llama.cpp's loader: no tied head
+            raise UserError(f"{gguf.path}: missing tensor output.weight (a {gguf.architecture} file's LM head)")
 
     def settings_not_computed(self) -> dict:
         """The settings this family does not compute, each with the test of a value that
