@@ -1,4 +1,6 @@
 """Where the repository keeps its configuration and caches, and where a run's outputs go."""
+import contextlib
+import fcntl
 from pathlib import Path
 
 from upath import UPath
@@ -25,3 +27,13 @@ def location(url: str) -> UPath:
 
 def is_local(path) -> bool:
     return isinstance(path, Path)
+
+
+@contextlib.contextmanager
+def filling(entry: Path):
+    """One process at a time fills the cache entry `entry` (a model fetched, llama.cpp's sources
+    unpacked or one of its tools built): another one waits for it, then finds the entry there."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.with_name(f".{entry.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)   # released with the handle, or by the system if the process dies
+        yield

@@ -16,7 +16,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import UserError
-from ..paths import CONFIGS, MODELS_CACHE
+from ..paths import CONFIGS, MODELS_CACHE, filling
 from .reader import first_split_part
 
 
@@ -68,8 +68,9 @@ def fetch_model(alias: str, cache: Path = MODELS_CACHE) -> Path:
     target = cache / entry["file"]
     if target.exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+    with filling(target), tempfile.TemporaryDirectory(dir=cache) as tmp:
+        if target.exists():                # fetched by another process meanwhile
+            return target
         wheels = Path(tmp) / "wheels"
         download_packages(entry["packages"], wheels, f"model {alias!r}")
         partial = Path(tmp) / entry["file"]

