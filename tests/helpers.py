@@ -41,6 +41,25 @@ def luigi_cli(*args, run_root):
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
 
 
+def ppl_in_two_layer_windows(path, run_root: Path) -> dict:
+    """The pass's result over HEAD40K at ctx 256, 8 chunks, in 2-layer windows (the Luigi tasks, in
+    process): what the families checked against a hand-written reference pin against llama-perplexity's
+    figure."""
+    return run_pipeline(run_root, model=str(path), corpus=str(HEAD40K), ctx=256, chunks=8, window_layers=2)
+
+
+def assert_logits_are_the_reference_s(path, reference_logits, folder: Path) -> None:
+    """The GGUF's float32 logits within 2e-4 of reference_logits(folder, ids) (a forward written from
+    the family's modeling code over its checkpoint), far from uniform, with the same argmax."""
+    ids = random_ids()
+    with torch.inference_mode():
+        ref = reference_logits(folder, ids)
+    ours = forward(path, ids)
+    assert ref.std() > 1.5
+    assert (ours - ref).abs().max().item() < 2e-4
+    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+
+
 def assert_one_line_error(done, pattern):
     assert done.returncode != 0
     errors = [line for line in done.stderr.splitlines() if line.startswith("ERROR: layercycle: ")]

@@ -44,6 +44,8 @@ import conversion.phi
 conversion.phi.Phi3MiniModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 import conversion.hunyuan
 conversion.hunyuan.HunYuanMoEModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
+import conversion.deci
+conversion.deci.DeciModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 answers, sys.stdout = sys.stdout, sys.stderr     # what the converter prints goes with its log
 for line in sys.stdin:
     read, write = os.pipe()
@@ -207,6 +209,42 @@ def bailing_moe_v2(config: dict, out: Path) -> None:
         if i >= c["num_hidden_layers"]:
             w |= {f"{p}.enorm.weight": norm(H), f"{p}.hnorm.weight": norm(H), f"{p}.eh_proj.weight": rand(H, 2 * H),
                   f"{p}.final_layernorm.weight": norm(H)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(c, indent=1))
+
+
+def deci_block(heads_in_group: int | None = None, linear: bool = False, ffn_mult: float | None = None) -> dict:
+    """One entry of DeciLM's block_configs: attention with `heads_in_group` query heads per KV head,
+    one linear map (`linear`) or none; a SwiGLU FFN of `ffn_mult`, or none."""
+    return {"attention": {"n_heads_in_group": heads_in_group, "no_op": heads_in_group is None and not linear,
+                          "replace_with_linear": linear},
+            "ffn": {"ffn_mult": ffn_mult, "no_op": ffn_mult is None, "replace_with_linear": False}}
+
+
+def deci_lm(config: dict, out: Path) -> None:
+    """A random DeciLMForCausalLM checkpoint (Nemotron-51B, Super, Ultra) as its modeling code names the
+    weights (transformers has no such class), each layer as its block_configs entry says."""
+    from safetensors.torch import save_file
+
+    c = config
+    H, NH, D, V = c["hidden_size"], c["num_attention_heads"], c["head_dim"], c["vocab_size"]
+    rand = lambda *shape: torch.randn(*shape) * INIT  # noqa: E731
+    norm = lambda n: 1 + rand(n)  # noqa: E731
+    w = {"model.embed_tokens.weight": rand(V, H), "model.norm.weight": norm(H), "lm_head.weight": rand(V, H)}
+    for i, block in enumerate(c["block_configs"]):
+        p, attention, ffn = f"model.layers.{i}", block["attention"], block["ffn"]
+        if attention["replace_with_linear"]:
+            w |= {f"{p}.input_layernorm.weight": norm(H), f"{p}.self_attn.linear_attn.weight": rand(H, H)}
+        elif not attention["no_op"]:
+            KV = NH // attention["n_heads_in_group"]
+            w |= {f"{p}.input_layernorm.weight": norm(H), f"{p}.self_attn.q_proj.weight": rand(NH * D, H),
+                  f"{p}.self_attn.k_proj.weight": rand(KV * D, H), f"{p}.self_attn.v_proj.weight": rand(KV * D, H),
+                  f"{p}.self_attn.o_proj.weight": rand(H, NH * D)}
+        if not ffn["no_op"]:
+            width = -(-int(2 * ffn["ffn_mult"] * H / 3) // 256) * 256   # DeciLM's: a multiple of 256
+            w |= {f"{p}.post_attention_layernorm.weight": norm(H), f"{p}.mlp.gate_proj.weight": rand(width, H),
+                  f"{p}.mlp.up_proj.weight": rand(width, H), f"{p}.mlp.down_proj.weight": rand(H, width)}
     out.mkdir(parents=True, exist_ok=True)
     save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(c, indent=1))
@@ -735,6 +773,18 @@ SPECS = {
         routed_scaling_factor=2.5, norm_topk_prob=True, score_function="sigmoid", use_qk_norm=True,
         use_qkv_bias=False, use_bias=False, partial_rotary_factor=0.5, rope_theta=10000.0, rms_norm_eps=1e-6,
         hidden_act="silu", num_nextn_predict_layers=1), writer=bailing_moe_v2),
+    # Nemotron-51B, Super and Ultra (deci): grouped heads in twos, a linear map in attention's place, a
+    # layer of neither attention nor FFN (Ultra's), one without attention before a wider FFN (51B's),
+    # one KV head for four; Llama-3 RoPE factors from an original context of 64 (so that they show). The
+    # RoPE as transformers 5 writes it, in rope_parameters: with rope_scaling beside rope_theta, its
+    # tokenizer loader (which the converter calls) fails on a config of a model type it does not know
+    "deci": Spec("", _common(
+        architectures=["DeciLMForCausalLM"], model_type="nemotron-nas", num_hidden_layers=5, rms_norm_eps=1e-5,
+        hidden_act="silu", rope_parameters=dict(
+            rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+            original_max_position_embeddings=64),
+        block_configs=[deci_block(2, ffn_mult=1.5), deci_block(linear=True, ffn_mult=1.5), deci_block(),
+                       deci_block(ffn_mult=6.1), deci_block(4, ffn_mult=1.5)]), writer=deci_lm),
     # Ling 3.0 (bailingmoe3): Kimi Delta Attention on layers 0 and 2 (the safe gate, its lower bound -3
     # as the file says), MLA on 1, 3 and 4 (RoPE on consecutive pairs at a low base, a sigmoid gate per
     # head; the converter makes every layer past the last whole group of layer_group_size full

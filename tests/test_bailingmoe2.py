@@ -1,6 +1,6 @@
 """Ling 2.0 (bailingmoe2) on a tiny random checkpoint written as its modeling code names the
 weights (tests/hf_models.py: transformers has no class of it) and converted by llama.cpp's
-converter: the PPL through the luigi command in 2-layer windows against llama-perplexity's on the
+converter: the PPL through the Luigi tasks in 2-layer windows against llama-perplexity's on the
 same file, and the logits against a forward written from the Hugging Face modeling code over the
 checkpoint itself (its forms moving the NLL and its refusals: test_open_families.py; its passes:
 the conformance matrix)."""
@@ -18,7 +18,7 @@ from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import load_architecture
 
-from .helpers import HEAD40K, forward, luigi_cli, random_ids
+from .helpers import assert_logits_are_the_reference_s, ppl_in_two_layer_windows
 from .tiny_gguf import rewrite_gguf
 
 # llama-perplexity (llama-cpp-python 0.3.36) -f wikitext-2-test.head40k.txt -c 256 --chunks 8 -t 2
@@ -30,10 +30,7 @@ def test_perplexity_in_two_layer_windows_is_llama_perplexity_s(tiny_model, tmp_p
     """Measured: 2581.3777, 4e-8 nats away; the multi-token-prediction layer after the trunk
     unread by both (llama.cpp warns of its tensors as unused)."""
     _, path = tiny_model("bailingmoe2")
-    done = luigi_cli("--model", str(path), "--corpus", str(HEAD40K), "--ctx", "256", "--chunks", "8",
-                     "--window-layers", "2", "--result-json", str(tmp_path / "r.json"), run_root=tmp_path)
-    assert done.returncode == 0, done.stderr
-    result = json.loads((tmp_path / "r.json").read_text())
+    result = ppl_in_two_layer_windows(path, tmp_path)
     assert result["model"]["n_layers"] == 4 and len(result["placement"]) == 2
     assert abs(math.log(result["ppl"]) - math.log(LLAMA_PPL)) < 1e-5
 
@@ -92,13 +89,7 @@ def reference_logits(folder, ids: torch.Tensor) -> torch.Tensor:
 def test_logits_are_the_modeling_code_s_over_the_checkpoint(tiny_model):
     """Measured max |difference| 1.2e-5 on logits of std 1.9."""
     _, path = tiny_model("bailingmoe2")
-    ids = random_ids()
-    with torch.inference_mode():
-        ref = reference_logits(path.parent / "bailingmoe2-hf", ids)
-    ours = forward(path, ids)
-    assert ref.std() > 1.5
-    assert (ours - ref).abs().max().item() < 2e-4
-    assert (ours.argmax(-1) == ref.argmax(-1)).all()
+    assert_logits_are_the_reference_s(path, reference_logits, path.parent / "bailingmoe2-hf")
 
 
 

@@ -117,6 +117,8 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "dots3note sparse attention": ("dots3note", {key(Keys.Attention.Indexer.TOP_K, "dots3note"): 1024}, None),
     "dots3note selection bias": ("dots3note", None, zeroed("exp_probs_b.bias")),
     "hunyuan-moe shared MLP": ("hunyuan-moe", None, zeroed("ffn_down_shexp.weight")),
+    "deci linear attention": ("deci", None, zeroed("blk.1.attn_output.weight")),
+    "deci Llama-3 RoPE factors": ("deci", None, ones("rope_freqs.weight")),
     "hy_v3 sigmoid routing": ("hy_v3", {key(Keys.LLM.EXPERT_GATING_FUNC, "hy_v3"): 1}, None),
     "hy_v3 selection bias": ("hy_v3", None, zeroed("exp_probs_b")),
     "hy_v3 weight scale": ("hy_v3", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "hy_v3"): None}, None),
@@ -450,6 +452,13 @@ def older_kv_b(name, qtype, d):
      "tensor blk.1.exp_probs_b.bias is not part of the hy_v3 layer"),
     ("hy_v4", {key(Keys.LLM.EXPERT_GATING_FUNC, "hy_v4"): None}, None, "missing metadata key hy_v4.expert_gating_func"),
     ("hy_v4", {"hy_v4.attention.indexer.types": [False, True, False, True]}, None, "layer 0"),
+    # llama.cpp's deci graph drops the output of a layer with attention but no feed-forward block, takes
+    # the head size from layer 0 (none where it has no heads), and rotates whole heads
+    ("deci", {key(Keys.LLM.FEED_FORWARD_LENGTH, "deci"): [256, 0, 0, 512, 256]}, None,
+     "layer 1 has attention but no feed-forward block"),
+    ("deci", {key(Keys.Attention.HEAD_COUNT, "deci"): [0, 4, 0, 0, 4],
+              key(Keys.Attention.HEAD_COUNT_KV, "deci"): [0, 0, 0, 0, 1]}, None, "layer 0 has no attention heads"),
+    ("deci", {key(Keys.Rope.DIMENSION_COUNT, "deci"): 8}, None, "rope dimension count 8"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

@@ -7,6 +7,7 @@ from .afmoe import Afmoe
 from .bailingmoe2 import BailingMoe2
 from .bailingmoe3 import BailingMoe3
 from .cohere import Cohere2, Cohere2Moe, CommandR
+from .deci import Deci
 from .deepseek2 import Deepseek2
 from .deepseek4 import Deepseek4
 from .deepseek32 import Deepseek32
@@ -62,7 +63,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3, "bailingmoe2": BailingMoe2,
     "bailingmoe3": BailingMoe3,
     "dots1": Dots1, "dots3note": Dots3Note,
-    "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4,
+    "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
 }
 
 

@@ -38,7 +38,8 @@ class LayerSpec:
     """What one layer computes, read from the metadata once."""
     index: int
     mixer: str                                # "attention", "mamba2", "delta_net", "shortconv",
-    #                                           "attention+mamba2" (side by side); "": none
+    #                                           "attention+mamba2" (side by side), "linear" (one
+    #                                           map in attention's place); "": none
     ffn: str                                  # "mlp", "moe"; "": none
     attention: AttentionSpec | None = None    # where the mixer is attention
 

@@ -33,8 +33,9 @@ def check_shapes(arch) -> None:
     expect(arch, *arch.output_norm_shape(), required=True)
     blocks = arch.gguf.blocks()
     total = int(arch.key(Keys.LLM.BLOCK_COUNT))
-    if blocks - set(range(total)) or set(range(hp.n_layers)) - blocks:
-        odd = min((blocks - set(range(total))) or (set(range(hp.n_layers)) - blocks))
+    computing = {spec.index for spec in arch.specs if spec.mixer or spec.ffn}   # a layer of neither holds no tensor
+    if blocks - set(range(total)) or computing - blocks:
+        odd = min((blocks - set(range(total))) or (computing - blocks))
         raise UserError(f"{arch.gguf.path}: block_count is {total} but block {odd} "
                         f"{'has tensors' if odd >= total else 'has none'}")
     for spec in arch.specs:
