@@ -125,6 +125,14 @@ def unrotate_fourth_axis(model) -> None:
     rotary.inv_freq[list(pairs)] = 0.0
 
 
+def rms_eps_unread(model) -> None:
+    """Qwen2-VL's RMSNorms as llama.cpp computes them: its qwen2vl loader never reads the file's
+    epsilon, which stays 0."""
+    for module in model.modules():
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = 0.0
+
+
 def hub_expert_layout(out: Path) -> None:
     """Qwen3-VL-MoE's experts as its published checkpoints (and so the converter) lay them out:
     gate_up_proj [E, hidden, 2 ff] and down_proj [E, ff, hidden], where transformers 5 saves
@@ -533,6 +541,8 @@ def hy4_params(model) -> None:
 # the smallest Qwen3-VL vision tower: the converter takes the text trunk and its deepstack count
 TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                    deepstack_visual_indexes=[0])
+TINY_QWEN2_5_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                           fullatt_block_indexes=[0])
 TINY_STEP_VISION = dict(width=32, layers=1, heads=2, image_size=28, patch_size=14)
 
 
@@ -598,6 +608,12 @@ SPECS = {
     "qwen3vl": Spec("Qwen3VLConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
         rope_type="default", rope_theta=10.0, mrope_section=[4, 1, 1], mrope_interleaved=True)),
         multimodal="Qwen3VLForConditionalGeneration", reference=unrotate_fourth_axis),
+    # the Qwen2.5-VL text trunk (Qwen2-VL's converts to the same file): Qwen2's layer (QKV biases) under
+    # multi-axis RoPE, sections [2, 3, 3] over the 8 pairs, which text positions make NeoX RoPE; RMSNorms
+    # without epsilon, as llama.cpp computes them
+    "qwen2vl": Spec("Qwen2_5_VLConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
+        rope_type="default", rope_theta=10000.0, mrope_section=[2, 3, 3])),
+        multimodal="Qwen2_5_VLForConditionalGeneration", vision=TINY_QWEN2_5_VISION, reference=rms_eps_unread),
     "qwen3vlmoe": Spec("Qwen3VLMoeConfig", _common(
         intermediate_size=96, num_hidden_layers=3, decoder_sparse_step=1, mlp_only_layers=[], num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=32, rope_parameters=dict(
@@ -1035,6 +1051,9 @@ def wide(spec: Spec) -> Spec:
 SPECS |= {name + WIDE: wide(spec) for name, spec in list(SPECS.items())}
 # ERNIE's converter writes the shared experts' width as intermediate_size // num_key_value_heads
 SPECS["ernie4_5-moe" + WIDE].kwargs["num_key_value_heads"] = 2
+# transformers' multi-axis RoPE takes sections that cover the head's 32 pairs
+SPECS["qwen2vl" + WIDE].kwargs["rope_parameters"] = dict(SPECS["qwen2vl"].kwargs["rope_parameters"],
+                                                         mrope_section=[8, 12, 12])
 
 
 def build_hf(name: str, out: Path, seed: int = 0):

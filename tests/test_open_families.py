@@ -15,7 +15,8 @@ olmo3 1.4e-5, seed_oss 6.2e-5, qwen2moe 7.3e-5, glm4 3.6e-5, exaone4 7.6e-6 and 
 granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4,
 command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5, lfm2
 3.6e-6, lfm2moe 1.1e-5, granitehybrid 7.8e-5, falcon-h1
-2.0e-4 and gemma4 2.4e-4 (test_architectures.ATOL says why), gemma4_moe 5.9e-5."""
+2.0e-4 and gemma4 2.4e-4 (test_architectures.ATOL says why), gemma4_moe 5.9e-5, qwen2vl 5.6e-5
+(against transformers with llama.cpp's RMSNorms without epsilon: hf_models.rms_eps_unread)."""
 import math
 import re
 from dataclasses import replace
@@ -82,6 +83,10 @@ def dropped(suffix: str | tuple[str, ...]):
     return lambda n, q, d: None if n.endswith(suffix) else (d, q)
 
 
+def renamed(name: str, new: str):
+    return lambda n, q, d: (d, q, new) if n == name else (d, q)
+
+
 FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file with the feature off
     "deepseek2 group limit": ("deepseek2", {key(Keys.LLM.EXPERT_GROUP_COUNT): None,
                                             key(Keys.LLM.EXPERT_GROUP_USED_COUNT): None}, None),
@@ -135,6 +140,9 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     # no sections: every pair rotated, as transformers does
     "qwen3vl fourth-axis pair": ("qwen3vl", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen3vl"): None}, None),
     "qwen3vlmoe fourth-axis pair": ("qwen3vlmoe", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen3vlmoe"): None}, None),
+    "qwen2vl QKV biases": ("qwen2vl", None, zeroed(("attn_q.bias", "attn_k.bias", "attn_v.bias"))),
+    # pairs 3 and 7 on the fourth axis (ggml's sectors wrap at the sections' sum), unrotated for text
+    "qwen2vl sections": ("qwen2vl", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen2vl"): [1, 1, 1, 1]}, None),
     "gpt-oss sinks": ("gpt-oss", None, lambda n, q, d: (np.full_like(d, -1e4), q) if "attn_sinks" in n else (d, q)),
     "gpt-oss sliding window": ("gpt-oss", {key(Keys.Attention.SLIDING_WINDOW, "gpt-oss"): 1024}, None),
     "gpt-oss expert biases": ("gpt-oss", None, zeroed("_exps.bias")),
@@ -248,6 +256,7 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "deepseek2 decoupled RoPE": ("deepseek2", deepseek2, "apply_rope", lambda x, cos, sin, spec: x),
     "gpt-oss SwiGLU clamp": ("gpt-oss", gpt_oss, "swiglu_oai",
                              lambda gate, up: ffn.swiglu_oai(gate, up, limit=math.inf)),
+    "qwen2vl RoPE half the width apart": ("qwen2vl", qwen2.Qwen2VL, "neox_rope", False),
     "llama4 NoPE layers": ("llama4", llama4.Llama4, "uses_rope", lambda self, i: True),
     "llama4 QK L2-norm": ("llama4", llama4, "MAVERICK_EXPERTS", 4),
     "llama4 weight before the expert": ("llama4", llama4.Llama4, "weight_before_experts", False),
@@ -459,6 +468,16 @@ def older_kv_b(name, qtype, d):
     ("deci", {key(Keys.Attention.HEAD_COUNT, "deci"): [0, 4, 0, 0, 4],
               key(Keys.Attention.HEAD_COUNT_KV, "deci"): [0, 0, 0, 0, 1]}, None, "layer 0 has no attention heads"),
     ("deci", {key(Keys.Rope.DIMENSION_COUNT, "deci"): 8}, None, "rope dimension count 8"),
+    # llama.cpp's qwen2vl loader requires the RoPE sections (ggml a pair on one of the first three axes)
+    # and a gated MLP, takes no attention output bias and loads an output bias its graph leaves unused
+    ("qwen2vl", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen2vl"): None}, None,
+     "missing metadata key qwen2vl.rope.dimension_sections"),
+    ("qwen2vl", {key(Keys.Rope.DIMENSION_SECTIONS, "qwen2vl"): [0, 0, 0, 8]}, None, "none of the first three axes"),
+    ("qwen2vl", None, dropped("blk.1.ffn_gate.weight"), "missing tensor blk.1.ffn_gate.weight"),
+    ("qwen2vl", None, renamed("blk.0.attn_q.bias", "blk.0.attn_output.bias"),
+     "tensor blk.0.attn_output.bias is not part of llama.cpp's qwen2vl graph"),
+    ("qwen2vl", None, renamed("blk.0.attn_q.bias", "output.bias"), "tensor output.bias is not part of"),
+    ("qwen2vl", {key(Keys.Rope.DIMENSION_COUNT, "qwen2vl"): 8}, None, "rope dimension count 8"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

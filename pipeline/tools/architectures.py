@@ -81,6 +81,7 @@ MATRIX: list[Member] = [
     member("qwen2moe", "qwen2moe", True, 0.021, 0.0104),
     member("qwen3vl", "qwen3vl", False, 0.01, 0.0048),
     member("qwen3vlmoe", "qwen3vlmoe", True, 0.015, 0.0071),
+    member("qwen2vl", "qwen2vl", False, 0.004, 0.0014),
     member("qwen3next", "qwen3next", True, 0.004, 0.0008),
     member("qwen35", "qwen35", False, 0.025, 0.0123),
     member("qwen35moe", "qwen35moe", True, 0.004, 0.0007),

@@ -40,7 +40,7 @@ from .nemotron_h import NemotronH
 from .olmo2 import Olmo2
 from .olmoe import Olmoe
 from .phi3 import Phi3
-from .qwen2 import Qwen2, Qwen2Moe, Qwen3VL
+from .qwen2 import Qwen2, Qwen2Moe, Qwen2VL, Qwen3VL
 from .qwen3next import Qwen3Next, Qwen35
 from .qwen4exp import Qwen4Exp
 from .seed_oss import SeedOss
@@ -64,6 +64,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "bailingmoe3": BailingMoe3,
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
+    "qwen2vl": Qwen2VL,
 }
 
 

@@ -9,6 +9,7 @@ the head are asked for.
 """
 import functools
 import math
+import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -78,6 +79,11 @@ class DecoderArch:
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
     own_head_required = False               # llama.cpp's loader requires output.weight (no tied head)
+    # tensors, a block's as "blk.{bid}.NAME" for every block, that the base reads where present: those
+    # llama.cpp's loader for the family requires, and those its graph never computes (its loader
+    # refuses them, or loads them unused); a file without the first or with the second is refused
+    required_tensors: tuple[str, ...] = ()
+    uncomputed_tensors: tuple[str, ...] = ()
     blockwise_scores = False                # its attention forms the scores outside SDPA (blocks.BlockwiseAttention)
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     output_norm = MT.OUTPUT_NORM            # the final norm's tensor
@@ -96,6 +102,7 @@ class DecoderArch:
         check_shapes(self)
         if self.own_head_required and "output.weight" not in gguf.tensors:   # llama.cpp's loader: no tied head
             raise UserError(f"{gguf.path}: missing tensor output.weight (a {gguf.architecture} file's LM head)")
+        self.check_loader_tensors()
 
     def settings_not_computed(self) -> dict:
         """The settings this family does not compute, each with the test of a value that
@@ -106,6 +113,18 @@ class DecoderArch:
         if self.multi_axis_rope:
             del neutral[Keys.Rope.DIMENSION_SECTIONS]
         return {key: test for key, test in neutral.items() if key not in self.honours}
+
+    def check_loader_tensors(self) -> None:
+        """The file against `required_tensors` and `uncomputed_tensors`, one line naming the first
+        tensor missing or not computed."""
+        for template in self.required_tensors:
+            for i in range(self.hp.n_layers):
+                if (name := template.format(bid=i)) not in self.gguf.tensors:
+                    raise UserError(f"{self.gguf.path}: missing tensor {name}")
+        for name in self.gguf.tensors if self.uncomputed_tensors else ():
+            if re.sub(r"^blk\.\d+\.", "blk.{bid}.", name) in self.uncomputed_tensors:
+                raise UserError(f"{self.gguf.path}: tensor {name} is not part of llama.cpp's {self.gguf.architecture} "
+                                f"graph; layercycle does not guess what it means")
 
     # -- metadata --------------------------------------------------------------------------
     def key(self, template: str, default=None):
