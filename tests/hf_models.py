@@ -538,6 +538,16 @@ def hy4_params(model) -> None:
             t.add_(torch.randn_like(t) * INIT)
 
 
+def xielu_per_layer(model) -> None:
+    """Apertus's xIELU parameters apart on each layer (transformers starts every layer at alpha_p 0.8,
+    alpha_n 0.8, beta 0.5), so that a layer's own read shows."""
+    for mlp in (layer.mlp for layer in model.model.layers):
+        act = mlp.act_fn
+        act.alpha_p.add_(torch.randn_like(act.alpha_p))
+        act.alpha_n.add_(torch.randn_like(act.alpha_n))
+        act.beta.copy_(0.25 + 0.5 * torch.rand_like(act.beta))
+
+
 # the smallest Qwen3-VL vision tower: the converter takes the text trunk and its deepstack count
 TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                    deepstack_visual_indexes=[0])
@@ -990,6 +1000,11 @@ SPECS = {
         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32, attention_k_eq_v=True,
         num_global_key_value_heads=1, final_logit_softcapping=10.0, rope_parameters=GEMMA4_ROPE)
         | dict(tie_word_embeddings=True), prepare=gemma4_scalars),
+    # Apertus: per-head QK-norm before NeoX RoPE with Llama-3's frequency factors (trained at 64 positions,
+    # the tests score 150), an ungated MLP under xIELU whose parameters differ per layer
+    "apertus": Spec("ApertusConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
+        rope_type="llama3", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=64, low_freq_factor=1.0,
+        high_freq_factor=4.0)), prepare=xielu_per_layer),
     # Hunyuan-A13B: per-head QK-norm after RoPE (NeoX), top-2 of 4 softmax-routed experts renormalised,
     # beside an ungated shared MLP of the same width on every layer; the converter reads its per-layer
     # lists (transformers' config holds one value)

@@ -16,7 +16,8 @@ granitemoe 3.5e-5, phi3 5.7e-5, phi3_longrope 1.1e-4,
 command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.5e-5, lfm2
 3.6e-6, lfm2moe 1.1e-5, granitehybrid 7.8e-5, falcon-h1
 2.0e-4 and gemma4 2.4e-4 (test_architectures.ATOL says why), gemma4_moe 5.9e-5, qwen2vl 5.6e-5
-(against transformers with llama.cpp's RMSNorms without epsilon: hf_models.rms_eps_unread)."""
+(against transformers with llama.cpp's RMSNorms without epsilon: hf_models.rms_eps_unread), apertus
+1.6e-5."""
 import math
 import re
 from dataclasses import replace
@@ -134,6 +135,12 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "hy_v4 experts' SwiGLU clamp": ("hy_v4", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "hy_v4"): None}, None),
     "hy_v4 selection bias": ("hy_v4", None, zeroed("exp_probs_b.bias")),
     "hy_v4 stream output weights": ("hy_v4", None, zeroed("hc_ffn_base.weight")),
+    "apertus QK-norm weights": ("apertus", None, ones(("attn_q_norm.weight", "attn_k_norm.weight"))),
+    "apertus Llama-3 frequency factors": ("apertus", None, dropped("rope_freqs.weight")),
+    # transformers' starting values on every layer (alpha_p, alpha_n 0.8 after softplus, beta 0.5) for the
+    # fixture's own per layer
+    "apertus xIELU per layer": ("apertus", {"xielu.alpha_p": [0.2034] * 3, "xielu.alpha_n": [-1.0502] * 3,
+                                            "xielu.beta": [0.5] * 3}, None),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -478,6 +485,16 @@ def older_kv_b(name, qtype, d):
      "tensor blk.0.attn_output.bias is not part of llama.cpp's qwen2vl graph"),
     ("qwen2vl", None, renamed("blk.0.attn_q.bias", "output.bias"), "tensor output.bias is not part of"),
     ("qwen2vl", {key(Keys.Rope.DIMENSION_COUNT, "qwen2vl"): 8}, None, "rope dimension count 8"),
+    # llama.cpp's apertus loader requires the four xIELU keys (one value, or one per layer), the QK-norms and
+    # the LM head; it loads QK-norm biases its graph leaves unused, takes no output bias; it computes LongRoPE
+    ("apertus", {"xielu.eps": None}, None, "missing metadata key xielu.eps"),
+    ("apertus", {"xielu.beta": [0.5, 0.5]}, None, "xielu.beta has 2 values for 3 layers"),
+    ("apertus", None, dropped("blk.1.attn_k_norm.weight"), "missing tensor blk.1.attn_k_norm.weight"),
+    ("apertus", None, lambda n, q, d: None if n == "output.weight" else (d, q), "missing tensor output.weight"),
+    ("apertus", None, renamed("rope_freqs.weight", "blk.2.attn_q_norm.bias"),
+     "tensor blk.2.attn_q_norm.bias is not part of llama.cpp's apertus graph"),
+    ("apertus", None, renamed("rope_freqs.weight", "output.bias"), "tensor output.bias is not part of"),
+    ("apertus", {key(Keys.Rope.SCALING_TYPE, "apertus"): "longrope"}, None, "'longrope' is not computed"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

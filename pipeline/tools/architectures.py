@@ -136,6 +136,7 @@ MATRIX: list[Member] = [
     member("dots1", "dots1", True, 0.004, 0.0005),
     member("dots3note", "dots3note", True, 0.05, 0.0252, "deepseek32's indexer on its full layers: its top 16 "
            "moves with inputs rounded to 16 bits"),
+    member("apertus", "apertus", False, 0.004, 0.0013),
     member("hunyuan-moe", "hunyuan-moe", True, 0.004, 0.0001),
     member("hy_v3", "hy_v3", True, 0.032, 0.0160),
     member("hy_v4", "hy_v4", True, 0.05, 0.0247, "deepseek32's indexer: its top 16 moves with inputs "

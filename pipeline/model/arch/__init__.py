@@ -4,6 +4,7 @@ import functools
 from ...errors import UserError
 from ...gguf_io.reader import GGUFIndex
 from .afmoe import Afmoe
+from .apertus import Apertus
 from .bailingmoe2 import BailingMoe2
 from .bailingmoe3 import BailingMoe3
 from .cohere import Cohere2, Cohere2Moe, CommandR
@@ -64,7 +65,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "bailingmoe3": BailingMoe3,
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
-    "qwen2vl": Qwen2VL,
+    "qwen2vl": Qwen2VL, "apertus": Apertus,
 }
 
 

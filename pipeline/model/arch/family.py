@@ -79,9 +79,10 @@ class DecoderArch:
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
     own_head_required = False               # llama.cpp's loader requires output.weight (no tied head)
-    # tensors, a block's as "blk.{bid}.NAME" for every block, that the base reads where present: those
-    # llama.cpp's loader for the family requires, and those its graph never computes (its loader
-    # refuses them, or loads them unused); a file without the first or with the second is refused
+    # where llama.cpp's loader for the family parts from the base (a block's tensors as "blk.{bid}.NAME",
+    # for every block): the tensors it requires that the base takes where present, and those its graph
+    # never computes (its loader refuses them, or loads them unused) that the base would compute or pass
+    # over; a file without one of the first or with one of the second is refused when it is opened
     required_tensors: tuple[str, ...] = ()
     uncomputed_tensors: tuple[str, ...] = ()
     blockwise_scores = False                # its attention forms the scores outside SDPA (blocks.BlockwiseAttention)
@@ -99,10 +100,10 @@ class DecoderArch:
         refuse_settings_not_computed(self)
         self.groups = self.expert_groups()
         self.specs = [self.layer_spec(i) for i in range(self.hp.n_layers)]
+        self.check_loader_tensors()
         check_shapes(self)
         if self.own_head_required and "output.weight" not in gguf.tensors:   # llama.cpp's loader: no tied head
             raise UserError(f"{gguf.path}: missing tensor output.weight (a {gguf.architecture} file's LM head)")
-        self.check_loader_tensors()
 
     def settings_not_computed(self) -> dict:
         """The settings this family does not compute, each with the test of a value that
