@@ -1037,6 +1037,26 @@ SPECS = {
         rms_norm_eps=1e-6,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)).items() if k != "head_dim"},
         prepare=hy4_params, checkpoint=hy4_hub_layout, reference=llama_cpp_ties),
+    # Laguna-XS.2: a global layer of 4 heads (YaRN x4 on half of each head), then three sliding ones (a
+    # window of 32: the tests score 150 positions) of 8 heads rotating all of it at their own base;
+    # QK-norm, a softplus gate per head; a dense layer, then sigmoid top-2 of 4 experts with a selection
+    # bias, renormalised and scaled, beside a shared expert of its own width; experts per expert, as
+    # the published checkpoints hold them
+    "laguna": Spec("LagunaConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, num_attention_heads_per_layer=[4, 8, 8, 8], num_experts=4,
+        num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        moe_routed_scaling_factor=2.5, sliding_window=32, gating=True,
+        layer_types=["full_attention"] + ["sliding_attention"] * 3, mlp_layer_types=["dense"] + ["sparse"] * 3,
+        rope_parameters={"full_attention": dict(YARN, partial_rotary_factor=0.5), "sliding_attention": dict(
+            rope_type="default", rope_theta=100.0, partial_rotary_factor=1.0)}),
+        checkpoint=per_expert_layout),
+    # Laguna-M.1: every layer global (no window), a softplus gate per value; two dense layers, then experts
+    "laguna_m1": Spec("LagunaConfig", _common(
+        intermediate_size=96, num_hidden_layers=3, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, sliding_window=0, gating="per-element",
+        layer_types=["full_attention"] * 3, mlp_layer_types=["dense", "dense", "sparse"],
+        rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5)}),
+        checkpoint=per_expert_layout),
 }
 
 # a member at real width (tests/test_activation_memory.py): hidden 2048 (the tiny ones' 64 x 32) in
@@ -1046,9 +1066,10 @@ SPECS = {
 WIDE = "@2048"
 WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "swa_q_lora_rank", "mamba_d_ssm"), 32),
          **dict.fromkeys(("kv_lora_rank", "swa_kv_lora_rank"), 16),
-         **dict.fromkeys(("num_attention_heads", "num_key_value_heads", "num_sliding_attention_heads",
-                          "swa_num_attention_heads", "swa_num_key_value_heads", "mamba_num_heads", "mamba_n_heads",
-                          "linear_key_head_dim", "linear_value_head_dim", "ssm_state_size", "mamba_d_state"), 8),
+         **dict.fromkeys(("num_attention_heads", "num_attention_heads_per_layer", "num_key_value_heads",
+                          "num_sliding_attention_heads", "swa_num_attention_heads", "swa_num_key_value_heads",
+                          "mamba_num_heads", "mamba_n_heads", "linear_key_head_dim", "linear_value_head_dim",
+                          "ssm_state_size", "mamba_d_state"), 8),
          **dict.fromkeys(("head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "swa_head_dim",
                           "swa_v_head_dim", "swa_qk_nope_head_dim", "swa_qk_rope_head_dim", "global_head_dim",
                           "mamba_head_dim", "mamba_d_head", "linear_num_key_heads", "linear_num_value_heads"), 4),
@@ -1059,7 +1080,9 @@ WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "swa_q_lora_rank", "mamb
 
 def wide(spec: Spec) -> Spec:
     def wider(config: dict) -> dict:
-        return {k: v * WIDER[k] if k in WIDER and isinstance(v, int) else v for k, v in config.items()}
+        def times(v, n: int):   # a count, or one per layer
+            return v * n if isinstance(v, int) else [x * n for x in v] if isinstance(v, list) else v
+        return {k: times(v, WIDER[k]) if k in WIDER else v for k, v in config.items()}
     return replace(spec, kwargs=wider(spec.kwargs), raw_config=wider(spec.raw_config))
 
 

@@ -142,6 +142,7 @@ MATRIX: list[Member] = [
     member("hy_v4", "hy_v4", True, 0.05, 0.0247, "deepseek32's indexer: its top 16 moves with inputs "
            "rounded to 16 bits"),
     member("deci", "deci", False, 0.004, 0.0009),
+    member("laguna", "laguna", True, 0.012, 0.0060),
 ]
 
 

@@ -116,7 +116,8 @@ class Attention(Weights):
     """Grouped-query self-attention with optional QKV/output bias, per-head QK-norm, RoPE and an
     output gate (`spec.gated`: Q's projection holds, per head, the queries then the gate; or a
     `gate` projection of its own, one gate per value or per head), sigmoid(gate) x the heads'
-    outputs before the output projection."""
+    outputs before the output projection (`own_gate` of a gate projection of its own)."""
+    own_gate = staticmethod(torch.sigmoid)
 
     def __init__(self, w: dict[str, torch.Tensor | None], spec: AttentionSpec, eps: float):
         super().__init__(w)
@@ -157,7 +158,7 @@ class Attention(Weights):
         if s.gated:
             y = y * torch.sigmoid(gate)
         elif "gate" in w:   # a gate projection of its own: per value (AFMoE's attn_gate) or per head (Step-3.5's)
-            gate = torch.sigmoid(F.linear(x, w["gate"]))                   # [B, T, heads x value_dim] or [B, T, heads]
+            gate = self.own_gate(F.linear(x, w["gate"]))                   # [B, T, heads x value_dim] or [B, T, heads]
             y = (y.view(B, T, s.n_head, -1) * gate.view(B, T, s.n_head, -1)).view(B, T, -1)
         return F.linear(y, w["o"], w.get("o_bias"))
 

@@ -75,6 +75,7 @@ class DecoderArch:
     fused_gate_up_experts = False           # llama.cpp loads ffn_gate_up_exps for this family
     fused_gate_up_mlp = False               # the dense MLP's ffn_up holds the gate's rows, then the up's
     swa_period = 0                          # families with sliding-window layers: the last of each period is global
+    swa_dense_first = False                 # True: the first of each period is the global one instead
     multi_axis_rope = ""                    # "sections" or "interleaved": the family reads rope.dimension_sections
     weight_before_experts = False           # the routing weight scales the expert's input, not its output
     float32_tensors = FLOAT32_TENSORS       # name endings of the tensors held in float32 (or wider)
@@ -209,12 +210,13 @@ class DecoderArch:
 
     def is_sliding(self, i: int) -> bool:
         """llama.cpp's load_swa_pattern: a per-layer array, or a period (from the file or the
-        family's `swa_period`) whose last layer attends globally; period 0: every layer slides."""
+        family's `swa_period`) whose last layer (first: `swa_dense_first`) attends globally; period
+        0: every layer slides."""
         pattern = self.gguf.arch_value(Keys.Attention.SLIDING_WINDOW_PATTERN)
         if isinstance(pattern, np.ndarray):
             return bool(pattern[i])
         period = int(pattern) if pattern is not None else self.swa_period
-        return period == 0 or i % period < period - 1
+        return period == 0 or i % period != (0 if self.swa_dense_first else period - 1)
 
     def attention_scale(self) -> float:
         """Q.K's scale: llama.cpp's 1 / sqrt(head size) for these families, whose loaders do not read
