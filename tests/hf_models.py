@@ -258,6 +258,74 @@ def deci_lm(config: dict, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(c, indent=1))
 
 
+# Grok's published checkpoint layouts, as its converter maps them: role -> name, {i} the layer, {e}
+# the expert. Grok-1 (keyfan/grok-1-hf) ties its head to the embedding; Grok-2 (xai-org/grok-2) has
+# its own, and a dense MLP beside the experts (residual_moe)
+GROK_LAYOUTS = {
+    "grok-1": dict(
+        embed="transformer.in_out_embed.weight", norm="transformer.rms_norm.weight", head=None,
+        attn_norm="transformer.decoder_layer.{i}.rms_norm.weight",
+        q="transformer.decoder_layer.{i}.multi_head_attention.query.weight",
+        k="transformer.decoder_layer.{i}.multi_head_attention.key.weight",
+        v="transformer.decoder_layer.{i}.multi_head_attention.value.weight",
+        o="transformer.decoder_layer.{i}.multi_head_attention.linear.weight",
+        attn_post_norm="transformer.decoder_layer.{i}.rms_norm_1.weight",
+        ffn_norm="transformer.decoder_layer.{i}.rms_norm_2.weight",
+        ffn_post_norm="transformer.decoder_layer.{i}.rms_norm_3.weight",
+        router="transformer.decoder_layer.{i}.router.weight",
+        gate="transformer.decoder_layer.{i}.moe.{e}.linear.weight",
+        up="transformer.decoder_layer.{i}.moe.{e}.linear_v.weight",
+        down="transformer.decoder_layer.{i}.moe.{e}.linear_1.weight"),
+    "grok-2": dict(
+        embed="model.embed_tokens.weight", norm="model.norm.weight", head="lm_head.weight",
+        attn_norm="model.layers.{i}.pre_attn_norm.weight", q="model.layers.{i}.self_attn.q_proj.weight",
+        k="model.layers.{i}.self_attn.k_proj.weight", v="model.layers.{i}.self_attn.v_proj.weight",
+        o="model.layers.{i}.self_attn.o_proj.weight", attn_post_norm="model.layers.{i}.post_attn_norm.weight",
+        ffn_norm="model.layers.{i}.pre_moe_norm.weight", ffn_post_norm="model.layers.{i}.post_moe_norm.weight",
+        router="model.layers.{i}.block_sparse_moe.gate.weight",
+        gate="model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight",
+        up="model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight",
+        down="model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight",
+        mlp_gate="model.layers.{i}.mlp.gate_proj.weight", mlp_up="model.layers.{i}.mlp.up_proj.weight",
+        mlp_down="model.layers.{i}.mlp.down_proj.weight"),
+}
+
+
+def grok_layout(config: dict) -> dict:
+    """The layout of a Grok config: Grok-2's where it has the dense MLP beside the experts."""
+    return GROK_LAYOUTS["grok-2" if config.get("residual_moe") else "grok-1"]
+
+
+def grok_checkpoint(config: dict, out: Path) -> None:
+    """A random Grok checkpoint in its published layout (transformers has no Grok class), with the chat
+    template that the converter requires beside a tokenizer.json."""
+    from safetensors.torch import save_file
+
+    c, names = config, grok_layout(config)
+    H, NH, NKV, E = (c[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_local_experts"))
+    D, FF = c.get("head_dim", H // NH), c["intermediate_size"]
+    FF_EXP = c.get("moe_intermediate_size", FF)    # Grok-1's experts: intermediate_size wide
+    rand = lambda *shape: torch.randn(*shape) * INIT  # noqa: E731
+    norm = lambda: 1 + rand(H)  # noqa: E731
+
+    w = {names["embed"]: rand(c["vocab_size"], H), names["norm"]: norm()}
+    if names["head"]:
+        w[names["head"]] = rand(c["vocab_size"], H)
+    for i in range(c["num_hidden_layers"]):
+        name = lambda role, e=0: names[role].format(i=i, e=e)  # noqa: E731
+        w |= {name("attn_norm"): norm(), name("q"): rand(NH * D, H), name("k"): rand(NKV * D, H),
+              name("v"): rand(NKV * D, H), name("o"): rand(H, NH * D), name("attn_post_norm"): norm(),
+              name("ffn_norm"): norm(), name("ffn_post_norm"): norm(), name("router"): rand(E, H)}
+        for e in range(E):
+            w |= {name("gate", e): rand(FF_EXP, H), name("up", e): rand(FF_EXP, H), name("down", e): rand(H, FF_EXP)}
+        if c.get("residual_moe"):
+            w |= {name("mlp_gate"): rand(FF, H), name("mlp_up"): rand(FF, H), name("mlp_down"): rand(H, FF)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(c, indent=1))
+    (out / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+
+
 def wide_expert_gates(model) -> None:
     """gpt-oss experts whose gate and up projections often pass the SwiGLU clamp (+-7)."""
     for layer in model.model.layers:
@@ -811,6 +879,26 @@ SPECS = {
             original_max_position_embeddings=64),
         block_configs=[deci_block(2, ffn_mult=1.5), deci_block(linear=True, ffn_mult=1.5), deci_block(),
                        deci_block(ffn_mult=6.1), deci_block(4, ffn_mult=1.5)]), writer=deci_lm),
+    # Grok-1 (grok): its published layout (keyfan/grok-1-hf), the head tied to the embedding; top-2 of 4
+    # GELU-gated experts on every layer; its multipliers at values of the tiny width (the embedding's
+    # sqrt(hidden) / 2, Q.K's 0.2) and a low attention cap, so that each shows
+    "grok": Spec("", _common(
+        architectures=["GrokForCausalLM"], model_type="grok-1-hub", intermediate_size=32, num_hidden_layers=4,
+        num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5, rope_theta=10000.0,
+        attn_output_multiplier=0.2, attn_logit_softcapping=4.0, embedding_multiplier_scale=4.0,
+        output_multiplier_scale=1.0) | dict(tie_word_embeddings=True), writer=grok_checkpoint),
+    # Grok-2 (grok): its published layout (xai-org/grok-2) with its own head, a dense GELU MLP beside top-2
+    # of 4 experts (residual_moe), rope_type "original" (which the converter writes as YaRN: x8 of an
+    # original 256 at base 1000, betas 8 and 1, so that each moves the ramp), the final logit cap, the
+    # router cap and query temperature length that llama.cpp reads and does not apply; low caps, so
+    # that they show
+    "grok2": Spec("", _common(
+        architectures=["Grok1ForCausalLM"], model_type="grok-2-hub", intermediate_size=96, moe_intermediate_size=32,
+        residual_moe=True, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
+        rope_theta=1000.0, rope_type="original", scaling_factor=8.0, original_max_position_embeddings=256,
+        extrapolation_factor=1.0, attn_factor=1.0, beta_fast=8, beta_slow=1, attn_logit_softcapping=4.0,
+        router_logit_softcapping=30.0, final_logit_softcapping=8.0, attn_temperature_len=1024,
+        embedding_multiplier_scale=4.0, output_multiplier_scale=1.5), writer=grok_checkpoint),
     # Ling 3.0 (bailingmoe3): Kimi Delta Attention on layers 0 and 2 (the safe gate, its lower bound -3
     # as the file says), MLA on 1, 3 and 4 (RoPE on consecutive pairs at a low base, a sigmoid gate per
     # head; the converter makes every layer past the last whole group of layer_group_size full

@@ -42,6 +42,7 @@ from pipeline.model.arch import (
     ffn,
     glm_dsa,
     gpt_oss,
+    grok,
     heap_select,
     hunyuan_moe,
     kimi_linear,
@@ -153,6 +154,17 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "laguna weight scale": ("laguna", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "laguna"): None}, None),
     "laguna shared expert": ("laguna", None, zeroed("ffn_down_shexp.weight")),
     "laguna_m1 gate per value": ("laguna_m1", None, zeroed("attn_gate.weight")),
+    "grok attention soft-cap": ("grok", {key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, "grok"): 1e6}, None),
+    "grok attention multiplier": ("grok", {key(Keys.Attention.OUTPUT_SCALE, "grok"): None}, None),
+    "grok embedding multiplier": ("grok", {key(Keys.LLM.EMBEDDING_SCALE, "grok"): None}, None),
+    "grok logit multiplier": ("grok", {key(Keys.LLM.LOGIT_SCALE, "grok"): None}, None),
+    "grok post-norms": ("grok", None, ones(("attn_output_norm.weight", "layer_output_norm.weight"))),
+    "grok2 post-norms": ("grok2", None, ones(("attn_output_norm.weight", "post_ffw_norm.weight"))),
+    "grok2 dense MLP beside the experts": ("grok2", None, zeroed("ffn_down.weight")),
+    "grok2 YaRN": ("grok2", {key(Keys.Rope.SCALING_TYPE, "grok"): "none"}, None),
+    # the file's beta_fast (8, grok's default too) against the 32 that llama.cpp's other families take
+    "grok2 YaRN beta_fast": ("grok2", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "grok"): 32.0}, None),
+    "grok2 final soft-cap": ("grok2", {key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "grok"): 1e6}, None),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -282,6 +294,9 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "llama4 QK L2-norm": ("llama4", llama4, "MAVERICK_EXPERTS", 4),
     "llama4 weight before the expert": ("llama4", llama4.Llama4, "weight_before_experts", False),
     "qwen2moe weights not renormalised": ("qwen2moe", qwen2.Qwen2Moe, "normalizes_expert_weights", lambda self: True),
+    # Grok-1's renormalised weights only scale the experts' sum, which the post-FFN norm undoes; Grok-2's
+    # dense MLP beside them does not (nor does its sum's sqrt(2) / 2, undone likewise, have a row)
+    "grok2 top-k weights renormalised": ("grok2", grok.Grok, "normalizes_expert_weights", lambda self: False),
     "exaone4_32b NoPE global layers": ("exaone4_32b", exaone4.Exaone4, "attention_spec",
                                        lambda self, i: replace(exaone4.DecoderArch.attention_spec(self, i),
                                                                span=None if not self.is_sliding(i) else 32)),
@@ -414,6 +429,15 @@ def older_kv_b(name, qtype, d):
     return d, qtype
 
 
+def narrower_heads(name, qtype, d):
+    """Heads of 8 in place of 16: Q and K, V of half their rows, the output projection of half its columns."""
+    if name.endswith(("attn_q.weight", "attn_k.weight", "attn_v.weight")):
+        return np.ascontiguousarray(d[:d.shape[0] // 2]), qtype
+    if name.endswith("attn_output.weight"):
+        return np.ascontiguousarray(d[:, :d.shape[1] // 2]), qtype
+    return d, qtype
+
+
 @pytest.mark.parametrize("name,metadata,transform,message", [
     ("deepseek2", {key(Keys.LLM.EXPERT_GATING_FUNC): 3}, None, "expert_gating_func 3 is not computed"),
     ("deepseek2", {key(Keys.Attention.TEMPERATURE_SCALE): 0.5}, None,
@@ -474,6 +498,24 @@ def older_kv_b(name, qtype, d):
     ("dots3note", None, dropped("blk.2.attn_gate.weight"), "blk.2.attn_gate.weight"),
     ("dots3note", {key(Keys.Rope.SCALING_TYPE, "dots3note"): "linear", key(Keys.Rope.SCALING_FACTOR, "dots3note"): 2.0},
      None, "RoPE scaling is not computed by layercycle for dots3note"),
+    # llama.cpp's grok graph asserts RoPE over whole heads, its loader requires expert_count (it throws on
+    # none), a router on every layer, Q and the output projection as wide as the stream, the dense MLP
+    # feed_forward_length wide and the experts expert_feed_forward_length; a yarn_ext_factor of 0 under
+    # YaRN (the file's attention factor kept) or one above 0 under linear scaling (YaRN's angles mixed
+    # in) is not computed
+    ("grok", {key(Keys.Rope.DIMENSION_COUNT, "grok"): 8}, None, "grok rotates whole heads of one size"),
+    ("grok", {key(Keys.LLM.EXPERT_COUNT, "grok"): None}, None, "missing metadata key grok.expert_count"),
+    ("grok", None, dropped("blk.1.ffn_gate_inp.weight"), "missing tensor blk.1.ffn_gate_inp.weight"),
+    ("grok", {key(Keys.Attention.KEY_LENGTH, "grok"): 8, key(Keys.Attention.VALUE_LENGTH, "grok"): 8},
+     narrower_heads, "4 heads of 8 are not the embedding_length 64"),
+    ("grok2", {key(Keys.LLM.FEED_FORWARD_LENGTH, "grok"): 64}, None,
+     "tensor blk.0.ffn_up.weight is [96, 64] where the metadata gives [64, 64]"),
+    ("grok2", {key(Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, "grok"): 16}, None, "experts 16 wide"),
+    ("grok2", {key(Keys.Rope.SCALING_YARN_EXT_FACTOR, "grok"): 0.0}, None,
+     "yarn_ext_factor 0 under yarn RoPE scaling is not computed"),
+    ("grok", {key(Keys.Rope.SCALING_TYPE, "grok"): "linear", key(Keys.Rope.SCALING_FACTOR, "grok"): 2.0,
+              key(Keys.Rope.SCALING_YARN_EXT_FACTOR, "grok"): 1.0}, None,
+     "yarn_ext_factor 1 under linear RoPE scaling is not computed"),
     # llama.cpp routes hunyuan-moe by softmax whatever the file says (a file that says otherwise is
     # refused); it leaves a hy_v3 selection bias named with a `.bias` suffix unread; it stops on a
     # hy_v4 file without a gating function or whose layer 0 does not run the indexer

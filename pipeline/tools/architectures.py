@@ -143,6 +143,8 @@ MATRIX: list[Member] = [
            "rounded to 16 bits"),
     member("deci", "deci", False, 0.004, 0.0009),
     member("laguna", "laguna", True, 0.012, 0.0060),
+    member("grok", "grok", True, 0.025, 0.0122),
+    member("grok2", "grok", True, 0.011, 0.0054),
 ]
 
 

@@ -26,6 +26,7 @@ from .glm4moe import Glm4Moe
 from .glm_dsa import GlmDsa
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteHybrid
+from .grok import Grok
 from .hunyuan_moe import HunyuanMoe
 from .hy_v3 import HyV3
 from .hy_v4 import HyV4
@@ -66,7 +67,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "bailingmoe3": BailingMoe3,
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
-    "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna,
+    "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok,
 }
 
 

@@ -15,7 +15,7 @@ from gguf import Keys
 
 from .blocks import Attention, AttentionSpec, layer_norm, rms_norm
 from .family import DecoderArch, DenseThenSigmoidExperts, LayerSpec
-from .ffn import MoE
+from .ffn import ScaledSumMoE
 from .loading import BlockTensors
 from .modules import Layer
 
@@ -84,14 +84,10 @@ class RmsCohereLayer(CohereLayer):
         return rms_norm(x, weight, self.eps)
 
 
-class AveragedSharedMoE(MoE):
+class AveragedSharedMoE(ScaledSumMoE):
     """Routed experts and the shared ones averaged, (routed + shared) / 2, as llama.cpp's
     cohere2moe graph combines them."""
-
-    def finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        if self.shared is None:
-            return super().finish(flat, out)
-        return ((out + self.shared(flat)) * 0.5).to(flat.dtype)
+    sum_scale = 0.5
 
 
 class Cohere2Moe(DenseThenSigmoidExperts, Cohere2):

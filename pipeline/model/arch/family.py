@@ -93,6 +93,9 @@ class DecoderArch:
     takes_token_ids = False                 # its layers take inputs from the token ids (token_inputs)
     sliceable_experts = True                # a layer's routed experts may run a slice at a time (model/sliced.py)
     moe_block = MoE                         # the module of a layer's experts (ffn.MoE, or the family's)
+    # the attention tensors beside Q, K, V and O that the family's llama.cpp loader may take (any
+    # other the file holds is refused: BlockTensors.check_all_read)
+    optional_attention = ("q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm")
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -199,8 +202,9 @@ class DecoderArch:
         return 1.0, 0.0
 
     def yarn_betas(self) -> dict[str, float]:
-        """The YaRN correction dims' betas the family reads from the file (Yarn's fields); none:
-        llama.cpp's defaults, which a file of such a family must state if it states them (rope.py)."""
+        """The YaRN correction dims' betas (and extension factor) the family reads from the file (Yarn's
+        fields); none: llama.cpp's defaults, which a file of such a family must state if it states
+        them (rope.py)."""
         return {}
 
     def sliding(self, spec: AttentionSpec) -> AttentionSpec:
@@ -363,7 +367,8 @@ class DecoderArch:
         optional = {"q_bias": (MT.ATTN_Q, "bias"), "k_bias": (MT.ATTN_K, "bias"), "v_bias": (MT.ATTN_V, "bias"),
                     "o_bias": (MT.ATTN_OUT, "bias"), "q_norm": (MT.ATTN_Q_NORM, "weight"),
                     "k_norm": (MT.ATTN_K_NORM, "weight")}
-        return w | {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items() if k not in w}
+        return w | {k: t(kind, suffix, required=False) for k, (kind, suffix) in optional.items()
+                    if k not in w and k in self.optional_attention}
 
     def ffn(self, spec: LayerSpec, t: BlockTensors) -> nn.Module:
         if spec.ffn == "moe":

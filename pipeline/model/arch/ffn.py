@@ -209,3 +209,14 @@ class Routed:
         pairs = torch.sort(experts.flatten(), stable=True).indices               # [N * k]
         counts = torch.bincount(experts.flatten(), minlength=n_experts).tolist()
         return cls(weights, experts, counts, pairs.split(counts))
+
+
+class ScaledSumMoE(MoE):
+    """Routed experts and the shared block summed, then scaled by `sum_scale` (without a shared
+    block: the routed experts' sum as it is)."""
+    sum_scale = 1.0
+
+    def finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.shared is None:
+            return super().finish(flat, out)
+        return ((out + self.shared(flat)) * self.sum_scale).to(flat.dtype)

@@ -149,7 +149,9 @@ def read_rope(arch, dim: int, neox: bool, freq_factors: tuple[float, ...] | None
     n_ctx_orig = int(arch.key(Keys.Rope.SCALING_ORIG_CTX_LEN, arch.hp.context_length))
     yarn_attn = context_yarn_attn_factor(scale, *arch.yarn_mscales()) * attn_factor
     mscale = get_mscale(scale, 1.0)
-    declared = arch.gguf.arch_value(Keys.Rope.SCALING_YARN_ATTN_FACTOR)
+    # a family whose loader reads the key (grok) has llama.cpp's context overwrite it wherever YaRN extends
+    declared = None if Keys.Rope.SCALING_YARN_ATTN_FACTOR in arch.honours else arch.gguf.arch_value(
+        Keys.Rope.SCALING_YARN_ATTN_FACTOR)
     if declared is not None and not math.isclose(float(declared), mscale, rel_tol=1e-6):
         raise UserError(f"{path}: {name(Keys.Rope.SCALING_YARN_ATTN_FACTOR)} = {float(declared):g}, where llama.cpp "
                         f"scales this architecture's YaRN attention by {mscale:g}; layercycle does not guess which "
