@@ -1,6 +1,14 @@
+import os
+
 import pytest
 
 from pipeline.gguf_io.registry import fetch_model
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # one core per worker (pyproject's -n), for its own computations and the commands it starts
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -11,13 +19,16 @@ def model_path():
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
-    """(Hugging Face model, GGUF path) of a tiny random model, built and converted once per session."""
+    """(Hugging Face model, GGUF path) of a tiny random model, built and converted once per session:
+    its workers (pyproject's -n) share the files, each holding the model itself."""
     from .hf_models import tiny_model as build
 
-    root, built = tmp_path_factory.mktemp("tiny-models"), {}
+    session = tmp_path_factory.getbasetemp()
+    shared = (session.parent if os.environ.get("PYTEST_XDIST_WORKER") else session) / "tiny-models"
+    scratch, built = tmp_path_factory.mktemp("tiny-models-again"), {}
 
     def get(name: str, outtype: str = "f32"):
         if (name, outtype) not in built:
-            built[name, outtype] = build(name, root, outtype)
+            built[name, outtype] = build(name, shared, scratch, outtype)
         return built[name, outtype]
     return get

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.paths import filling
 from pipeline.tools.llamacpp import llama_cpp_source
 
 LLAMA_CPP_PYTHON = "0.3.36"
@@ -1246,11 +1247,17 @@ def convert(hf_dir: Path, out: Path, outtype: str = "f32", extra: tuple = ()) ->
     return out
 
 
-def tiny_model(name: str, root: Path, outtype: str = "f32"):
-    """(the Hugging Face model, the path of its GGUF)."""
-    hf_dir = root / f"{name}-hf"
-    model = build_hf(name, hf_dir)
-    return model, convert(hf_dir, root / f"{name}-{outtype}.gguf", outtype, SPECS[name].convert_args)
+def tiny_model(name: str, root: Path, scratch: Path, outtype: str = "f32"):
+    """(the Hugging Face model, the path of its GGUF) under `root`, which other processes (a test
+    session's workers) may share: the first one there builds and converts the model; another builds
+    it again (the same seed: the same weights) under its own `scratch` folder and reads the GGUF."""
+    hf_dir, gguf = root / f"{name}-hf", root / f"{name}-{outtype}.gguf"
+    with filling(hf_dir):
+        first = not (hf_dir / "config.json").exists()
+        model = build_hf(name, hf_dir if first else scratch / f"{name}-hf")
+        if not gguf.exists():
+            convert(hf_dir, gguf, outtype, SPECS[name].convert_args)
+    return model, gguf
 
 
 def wide_model(name: str, root: Path) -> Path:
