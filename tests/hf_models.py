@@ -47,6 +47,8 @@ import conversion.hunyuan
 conversion.hunyuan.HunYuanMoEModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 import conversion.deci
 conversion.deci.DeciModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
+import conversion.jamba
+conversion.jamba.JambaModel.set_vocab = conversion.base.TextModel._set_vocab_gpt2
 answers, sys.stdout = sys.stdout, sys.stderr     # what the converter prints goes with its log
 for line in sys.stdin:
     read, write = os.pipe()
@@ -1146,6 +1148,18 @@ SPECS = {
         layer_types=["full_attention"] * 3, mlp_layer_types=["dense", "dense", "sparse"],
         rope_parameters={"full_attention": dict(rope_type="default", rope_theta=1000.0, partial_rotary_factor=0.5)}),
         checkpoint=per_expert_layout),
+    # Mamba-1: four layers of the selective scan (inner width 128, state 16, dt rank 4), nothing else
+    "mamba": Spec("MambaConfig", _common(num_hidden_layers=4, state_size=16, conv_kernel=4)),
+    # Falcon-Mamba: Mamba-1 with dt, B and C RMS-normed without weights (ssm.dt_b_c_rms), at the layers'
+    # eps (llama.cpp norms them with it; the published model's mixer eps is 1e-6, its layers' 1e-5)
+    "falcon_mamba": Spec("FalconMambaConfig", _common(num_hidden_layers=2, state_size=16, conv_kernel=4,
+                                                      layer_norm_epsilon=1e-6, mixer_rms_eps=1e-6)),
+    # Jamba: Mamba-1 with dt, B and C normed by weights of their own on layers 0, 1 and 3, attention
+    # without RoPE on layer 2, softmax top-2 of 4 experts (not renormalised) on layers 1 and 3
+    "jamba": Spec("JambaConfig", _common(
+        num_hidden_layers=4, intermediate_size=96, attn_layer_period=4, attn_layer_offset=2, expert_layer_period=2,
+        expert_layer_offset=1, num_experts=4, num_experts_per_tok=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_expand=2)),
 }
 
 # a member at real width (tests/test_activation_memory.py): hidden 2048 (the tiny ones' 64 x 32) in
@@ -1181,6 +1195,8 @@ SPECS["ernie4_5-moe" + WIDE].kwargs["num_key_value_heads"] = 2
 # transformers' multi-axis RoPE takes sections that cover the head's 32 pairs
 SPECS["qwen2vl" + WIDE].kwargs["rope_parameters"] = dict(SPECS["qwen2vl"].kwargs["rope_parameters"],
                                                          mrope_section=[8, 12, 12])
+# Jamba's Mamba-1 state is 16 wide at every size (Mamba2's 128 is WIDER's)
+SPECS["jamba" + WIDE].kwargs["mamba_d_state"] = 16
 
 
 def build_hf(name: str, out: Path, seed: int = 0):

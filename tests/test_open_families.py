@@ -17,7 +17,7 @@ command-r 2.5e-5, its 64-layer file with Command R+'s QK-norm 7.9e-5, cohere2 2.
 3.6e-6, lfm2moe 1.1e-5, granitehybrid 7.8e-5, falcon-h1
 2.0e-4 and gemma4 2.4e-4 (test_architectures.ATOL says why), gemma4_moe 5.9e-5, qwen2vl 5.6e-5
 (against transformers with llama.cpp's RMSNorms without epsilon: hf_models.rms_eps_unread), apertus
-1.6e-5."""
+1.6e-5, mamba 5.0e-5, falcon_mamba 3.5e-6, jamba 6.3e-5."""
 import math
 import re
 from dataclasses import replace
@@ -45,6 +45,7 @@ from pipeline.model.arch import (
     grok,
     heap_select,
     hunyuan_moe,
+    jamba,
     kimi_linear,
     laguna,
     llama4,
@@ -55,6 +56,7 @@ from pipeline.model.arch import (
     qwen4exp,
     smollm3,
 )
+from pipeline.model.arch.family import DecoderArch
 
 from .helpers import forward, random_ids
 from .test_architectures import dequantized_twin, random_experts
@@ -254,6 +256,11 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "qwen4exp n-gram embedding": ("qwen4exp", None, zeroed("ple_value.weight")),
     "qwen4exp hyper-connection write-back": ("qwen4exp", None, zeroed(("hc_attn_inject.weight",
                                                                        "hc_ffn_inject.weight"))),
+    # Falcon-Mamba's weightless RMSNorms of dt, B and C (llama-perplexity on this file: 3419.6380, ours
+    # 3419.6381)
+    "falcon_mamba dt, B and C norms": ("falcon_mamba", {key(Keys.SSM.DT_B_C_RMS, "mamba"): False}, None),
+    "jamba dt, B and C norm weights": ("jamba", None, ones(("ssm_dt_norm.weight", "ssm_b_norm.weight",
+                                                            "ssm_c_norm.weight"))),
 }
 
 
@@ -313,6 +320,9 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     # its latent-attention layers rotate the key part on consecutive pairs, where kimi-linear's rotate none
     "bailingmoe3 latent attention RoPE": ("bailingmoe3", bailingmoe3.BailingMoe3, "layer_spec",
                                           lambda self, i: rotated(BAILING3_LAYER_SPEC(self, i), None)),
+    "jamba weights not renormalised": ("jamba", jamba.Jamba, "normalizes_expert_weights", lambda self: True),
+    "jamba attention without RoPE": ("jamba", jamba.Jamba, "attention_spec",
+                                     lambda self, i: DecoderArch.attention_spec(self, i)),
     "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
     "qwen4exp Gated DeltaNet's sigmoid output gate": ("qwen4exp", qwen4exp.Qwen4Exp, "delta_net_gate",
                                                       staticmethod(F.silu)),
@@ -565,6 +575,16 @@ def narrower_heads(name, qtype, d):
     ("laguna", None, lambda n, q, d: (d, q, "blk.0.attn_output.bias") if n == "blk.0.attn_norm.weight" else (d, q),
      "tensor blk.0.attn_output.bias is not part of the laguna layer llama.cpp loads"),
     ("laguna", {key(Keys.Attention.KEY_LENGTH_SWA, "laguna"): 8}, None, "laguna.attention.key_length_swa is not"),
+    # llama.cpp's Mamba-1 takes an expansion factor of 2 only, requires the scan's keys and the
+    # convolution's bias; its jamba graph never renormalises the top-k weights, reads no weight scale,
+    # and its loader requires the dense MLP's gate and the mixers' norms
+    ("mamba", {key(Keys.SSM.INNER_SIZE, "mamba"): 192}, None, "ssm.inner_size 192 is not twice embedding_length 64"),
+    ("mamba", {key(Keys.SSM.TIME_STEP_RANK, "mamba"): None}, None, "missing metadata key mamba.ssm.time_step_rank"),
+    ("mamba", None, dropped("blk.1.ssm_conv1d.bias"), "missing tensor blk.1.ssm_conv1d.bias"),
+    ("jamba", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "jamba"): True}, None, "expert_weights_norm = True changes"),
+    ("jamba", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "jamba"): 2.0}, None, "expert_weights_scale = 2.0 changes"),
+    ("jamba", None, dropped("blk.0.ffn_gate.weight"), "missing tensor blk.0.ffn_gate.weight"),
+    ("jamba", None, dropped("blk.3.ssm_b_norm.weight"), "missing tensor blk.3.ssm_b_norm.weight"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)
@@ -748,3 +768,17 @@ def test_qwen4exp_indexer_tensors_under_compress_ratios_of_0_leave_attention_den
     ids = random_ids()
     assert nll(kept, ids) == nll(without, ids)
     assert abs(nll(kept, ids) - nll(path, ids)) > MOVED
+
+
+@pytest.mark.parametrize("name,extra", [("mamba", "blk.1.ssm_dt_norm.weight"), ("jamba", "blk.2.attn_output.bias")])
+def test_tensors_llama_cpp_does_not_load_are_refused(name, extra, tiny_model, tmp_path):
+    """llama.cpp's mamba loader creates no norm weights for dt, B and C (Falcon-Mamba norms without
+    them), its jamba loader no attention output bias: a file with one fails its tensor count, and is
+    refused here by name rather than computed."""
+    _, path = tiny_model(name)
+    bad = rewrite_gguf(path, tmp_path / "bad.gguf", extra={extra: (np.ones(4 if "ssm" in extra else 64, np.float32),
+                                                                  Q.F32)})
+    with pytest.raises(UserError, match=re.escape(f"tensor {extra} is not part of the {name} layer")):
+        arch = load_architecture(GGUFIndex(bad))
+        for i in range(arch.hp.n_layers):
+            arch.load_layer(i, "cpu", torch.float32)

@@ -5,7 +5,13 @@ import pytest
 import torch
 
 from pipeline.model.arch.delta_net import delta_rule_blockwise, delta_rule_reference, l2_norm
-from pipeline.model.arch.ssm import causal_conv1d, ssd_blockwise, ssd_reference
+from pipeline.model.arch.ssm import (
+    causal_conv1d,
+    selective_scan_blockwise,
+    selective_scan_reference,
+    ssd_blockwise,
+    ssd_reference,
+)
 
 F64 = dict(dtype=torch.float64)
 TOL = dict(rtol=0, atol=1e-10)
@@ -16,6 +22,14 @@ def ssd_inputs(b=2, T=150, h=3, p=5, n=4, seed=0):
     return (torch.randn(b, T, h, p, generator=g, **F64), torch.rand(b, T, h, generator=g, **F64),
             -2 * torch.rand(h, generator=g, **F64), torch.randn(b, T, h, n, generator=g, **F64),
             torch.randn(b, T, h, n, generator=g, **F64))
+
+
+def selective_scan_inputs(b=2, T=150, d=6, n=4, seed=0):
+    """Mamba-1's: a decay per channel and state entry, some entries far faster than others."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, T, d, generator=g, **F64), 2 * torch.rand(b, T, d, generator=g, **F64),
+            -torch.rand(d, n, generator=g, **F64) * torch.logspace(-1, 1, n, **F64),
+            torch.randn(b, T, n, generator=g, **F64), torch.randn(b, T, n, generator=g, **F64))
 
 
 def delta_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
@@ -35,6 +49,7 @@ def kda_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
 
 # kernel -> (inputs, step-by-step reference, blockwise form, shape of its state)
 KERNELS = {"ssd": (ssd_inputs, ssd_reference, ssd_blockwise, (2, 3, 5, 4)),
+           "selective_scan": (selective_scan_inputs, selective_scan_reference, selective_scan_blockwise, (2, 6, 4)),
            "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6)),
            "kda_rule": (kda_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6))}
 
@@ -67,11 +82,12 @@ def test_ssd_groups_share_b_and_c_among_consecutive_heads():
 
 
 def test_scans_continue_from_a_handed_over_state():
-    x, dt, A, B, C = ssd_inputs(T=150)
-    whole, _ = ssd_blockwise(x, dt, A, B, C)
-    head, s = ssd_blockwise(x[:, :70], dt[:, :70], A, B[:, :70], C[:, :70])
-    tail, _ = ssd_blockwise(x[:, 70:], dt[:, 70:], A, B[:, 70:], C[:, 70:], s)
-    torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
+    for inputs, scan in ((ssd_inputs, ssd_blockwise), (selective_scan_inputs, selective_scan_blockwise)):
+        x, dt, A, B, C = inputs(T=150)
+        whole, _ = scan(x, dt, A, B, C)
+        head, s = scan(x[:, :70], dt[:, :70], A, B[:, :70], C[:, :70])
+        tail, _ = scan(x[:, 70:], dt[:, 70:], A, B[:, 70:], C[:, 70:], s)
+        torch.testing.assert_close(torch.cat([head, tail], 1), whole, **TOL)
 
     for inputs in (delta_inputs, kda_inputs):
         q, k, v, g, beta = inputs(T=150)
@@ -93,3 +109,13 @@ def test_causal_conv1d_is_causal_and_resumable():
     head, state = causal_conv1d(x[:, :25], w, bias)
     tail, _ = causal_conv1d(x[:, 25:], w, bias, state)
     torch.testing.assert_close(torch.cat([head, tail], 1), y, **TOL)
+
+
+def test_selective_scan_blocks_of_any_length_give_one_scan():
+    # the block follows the layer's width (selective_scan_block): 1, 5 and 64 positions at a time agree
+    args = selective_scan_inputs(T=150)
+    out_ref, state_ref = selective_scan_reference(*args)
+    for block in (1, 5, 64):
+        out, final = selective_scan_blockwise(*args, block=block)
+        torch.testing.assert_close(out, out_ref, **TOL)
+        torch.testing.assert_close(final, state_ref, **TOL)

@@ -145,6 +145,8 @@ MATRIX: list[Member] = [
     member("laguna", "laguna", True, 0.012, 0.0060),
     member("grok", "grok", True, 0.025, 0.0122),
     member("grok2", "grok", True, 0.011, 0.0054),
+    member("mamba", "mamba", False, 0.0092, 0.0046),
+    member("jamba", "jamba", True, 0.04, 0.0198),
 ]
 
 

@@ -30,11 +30,13 @@ from .grok import Grok
 from .hunyuan_moe import HunyuanMoe
 from .hy_v3 import HyV3
 from .hy_v4 import HyV4
+from .jamba import Jamba
 from .kimi_linear import KimiLinear
 from .laguna import Laguna
 from .lfm2 import Lfm2
 from .llama import Llama
 from .llama4 import Llama4
+from .mamba import Mamba
 from .mimo2 import Mimo2
 from .minimax_m2 import MinimaxM2
 from .minimax_m3 import MinimaxM3
@@ -67,7 +69,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "bailingmoe3": BailingMoe3,
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
-    "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok,
+    "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok, "mamba": Mamba, "jamba": Jamba,
 }
 
 

@@ -8,7 +8,6 @@ skips them."""
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from ...errors import UserError
 from .audit import equals
 from .blocks import AttentionSpec
 from .family import DecoderArch, DenseThenSigmoidExperts
@@ -28,8 +27,5 @@ class BailingMoe2(DenseThenSigmoidExperts, DecoderArch):
         return super().settings_not_computed() | {Keys.LLM.EXPERT_SHARED_COUNT: equals(1)}
 
     def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
-        biased = [name for name in (t.name(MT.ATTN_QKV, "bias"), t.name(MT.ATTN_OUT, "bias")) if name in t.gguf.tensors]
-        if biased:   # llama.cpp's loader has none: it refuses such a file
-            raise UserError(f"{t.gguf.path}: tensor {biased[0]} is not part of the bailingmoe2 layer layercycle "
-                            f"computes (llama.cpp's graph has no attention biases)")
+        t.refuse((MT.ATTN_QKV, "bias"), (MT.ATTN_OUT, "bias"), why="llama.cpp's graph has no attention biases")
         return super().attention_weights(spec, t)

@@ -11,7 +11,7 @@ from gguf import MODEL_TENSOR as MT
 from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .loading import BlockTensors
 from .modules import Layer
-from .ssm import MAMBA2_FLOAT32_TENSORS, read_mamba2
+from .ssm import SSM_FLOAT32_TENSORS, read_mamba2
 
 
 class FalconH1Layer(Layer):
@@ -25,7 +25,7 @@ class FalconH1Layer(Layer):
 
 class FalconH1(DecoderArch):
     neox_rope = True
-    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS
+    float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS
 
     def layer_spec(self, i: int) -> LayerSpec:
         return LayerSpec(i, "attention+mamba2", "mlp", self.attention_spec(i))

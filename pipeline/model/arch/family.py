@@ -96,6 +96,7 @@ class DecoderArch:
     # the attention tensors beside Q, K, V and O that the family's llama.cpp loader may take (any
     # other the file holds is refused: BlockTensors.check_all_read)
     optional_attention = ("q_bias", "k_bias", "v_bias", "o_bias", "q_norm", "k_norm")
+    scan_floats = 9                         # a recurrent mixer's activations per token, in its widest projections
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
@@ -253,8 +254,9 @@ class DecoderArch:
         projection, and twice more where its K is as wide as its Q (no grouped heads); a dense or
         shared MLP, twice its width; routed experts, 2 x hidden and 8 per expert (router logits,
         probabilities, the sort), and twice their width where a gated unit clamps them; a recurrent
-        mixer, 9 x its widest projection (its blockwise scan); twice what the boundaries before and
-        after it carry beside the hidden state (boundary_width)."""
+        mixer, `scan_floats` x its widest projection (9: with its blockwise scan; a family whose scan
+        holds a block of its own counts that in activation_bytes); twice what the boundaries before
+        and after it carry beside the hidden state (boundary_width)."""
         rows: dict[str, int] = {}
         for t in self.gguf.layer_tensors(i):
             kind = t.name.split(".")[2]
@@ -272,7 +274,7 @@ class DecoderArch:
         if "experts" in rows and self.gated_unit(i) is not None:   # a clamped SwiGLU's copies of an expert's
             floats += 2 * rows["experts"]                          # gate and up, out of place (measured: gpt-oss)
         if "ssm" in rows:
-            floats += 9 * max(rows["ssm"], rows.get("attn", 0))
+            floats += self.scan_floats * max(rows["ssm"], rows.get("attn", 0))
         # what the boundaries around the layer carry beside the hidden state, in and out
         floats += 2 * (self.boundary_width(i) + self.boundary_width(i + 1) - 2 * self.hp.hidden)
         return int(floats)

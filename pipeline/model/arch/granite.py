@@ -18,7 +18,7 @@ from .blocks import AttentionSpec
 from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .loading import BlockTensors
 from .modules import Layer
-from .ssm import MAMBA2_FLOAT32_TENSORS, read_mamba2
+from .ssm import SSM_FLOAT32_TENSORS, read_mamba2
 
 DEEPSTACK_MAPPING = "{arch}.deepstack_mapping"   # Granite 4 Vision's: image features fed into layers
 
@@ -68,7 +68,7 @@ class Granite(DecoderArch):
 
 
 class GraniteHybrid(Granite):
-    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS
+    float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS
     logit_scale_default = 0.0    # diff: its logit scale may be left out
 
     def layer_spec(self, i: int) -> LayerSpec:

@@ -26,7 +26,7 @@ from .delta_net import delta_rule_blockwise, l2_norm
 from .family import FLOAT32_TENSORS, LayerSpec
 from .loading import BlockTensors
 from .shapes import expect
-from .ssm import MAMBA2_FLOAT32_TENSORS, causal_conv1d
+from .ssm import SSM_FLOAT32_TENSORS, causal_conv1d
 
 KDA_BLOCK = 16
 
@@ -71,7 +71,7 @@ class KimiDeltaAttention(Weights):
 
 class KimiLinear(Deepseek2):
     numerics = 2   # 2: its latent-attention layers through SDPA's fused kernel (blocks.sdpa)
-    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS   # A and dt bias as Mamba2's
+    float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS   # A and dt bias as Mamba2's
     # llama.cpp renormalises the top-k weights whatever expert_weights_norm says (a file that says
     # otherwise is refused) and scales attention by 1 / sqrt(head size) alone
     honours = Deepseek2.honours - {Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.Rope.SCALING_YARN_LOG_MUL}

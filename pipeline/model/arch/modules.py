@@ -74,6 +74,14 @@ class StreamsLayer(Layer):
         return x.view(B, T, -1, self.hidden).expand(B, T, self.count, self.hidden)
 
 
+class OneBlockLayer(Layer):
+    """llama.cpp's llm_build_mamba and llm_build_nemotron_h: one block (a mixer or a feed-forward
+    block) behind one norm, its output added to the stream."""
+
+    def forward(self, x: torch.Tensor, tables, state: dict | None = None) -> torch.Tensor:
+        return x + self.op(self.norm(x, self.attn_norm), tables, state)
+
+
 class PreNormLayer(Layer):
     """llama.cpp's llm_build_llama, the layer most families share: the mixer over the normed
     stream, then the feed-forward block over the normed sum."""

@@ -4,7 +4,6 @@ mixer (no attention heads and no FFN listed for the layer), attention without po
 experts with a selection bias and a shared expert (nemotron_h_moe)."""
 from dataclasses import replace
 
-import torch
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
@@ -13,15 +12,8 @@ from .blocks import AttentionSpec
 from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .ffn import relu2
 from .loading import BlockTensors
-from .modules import Layer
-from .ssm import MAMBA2_FLOAT32_TENSORS, read_mamba2
-
-
-class NemotronHLayer(Layer):
-    """llama.cpp's llm_build_nemotron_h: one op, Mamba2, attention or feed-forward, behind one norm."""
-
-    def forward(self, x: torch.Tensor, tables, state: dict | None = None) -> torch.Tensor:
-        return x + self.op(self.norm(x, self.attn_norm), tables, state)
+from .modules import OneBlockLayer
+from .ssm import SSM_FLOAT32_TENSORS, read_mamba2
 
 
 class NemotronH(DecoderArch):
@@ -29,7 +21,7 @@ class NemotronH(DecoderArch):
     activation = staticmethod(relu2)
     expert_gating = "sigmoid"
     honours = frozenset({Keys.LLM.EXPERT_WEIGHTS_NORM, Keys.LLM.EXPERT_WEIGHTS_SCALE})
-    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS
+    float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS
 
     def rms_eps(self) -> float:
         # llama.cpp falls back on the plain layer-norm epsilon
@@ -46,9 +38,9 @@ class NemotronH(DecoderArch):
     def attention_spec(self, i: int) -> AttentionSpec:
         return replace(super().attention_spec(i), rope=None)  # diff: no position encoding
 
-    def layer(self, spec: LayerSpec, t: BlockTensors) -> NemotronHLayer:
-        op = self.mixer(spec, t) if spec.mixer else self.ffn(spec, t)
-        return NemotronHLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), op=op)
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> OneBlockLayer:
+        op = self.mixer(spec, t) if spec.mixer else self.ffn(spec, t)   # Mamba2, attention or feed-forward
+        return OneBlockLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), op=op)
 
     def normalizes_expert_weights(self) -> bool:
         return self.weights_norm_in_file()

@@ -19,7 +19,7 @@ from .delta_net import GatedDeltaNet
 from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
 from .loading import BlockTensors
 from .modules import PreNormLayer
-from .ssm import MAMBA2_FLOAT32_TENSORS
+from .ssm import SSM_FLOAT32_TENSORS
 
 RECURRENT_LAYERS = getattr(Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers")
 FULL_ATTENTION_INTERVAL = 4   # llama.cpp's default when the file names neither
@@ -29,7 +29,7 @@ class Qwen3Next(DecoderArch):
     neox_rope = True
     fused_gate_up_experts = True
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)
-    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS   # the delta rule's A and dt bias as Mamba2's
+    float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS   # the delta rule's A and dt bias as Mamba2's
     delta_net_gate = staticmethod(F.silu)    # of the Gated DeltaNet's normed output
 
     def is_recurrent(self, i: int) -> bool:

@@ -42,7 +42,7 @@ from .modules import StreamsHead, StreamsLayer
 from .qwen3next import Qwen35
 from .rope import apply_rope
 from .shapes import expect
-from .ssm import MAMBA2_FLOAT32_TENSORS
+from .ssm import SSM_FLOAT32_TENSORS
 
 HC_LOW_RANK = "{arch}.hyper_connection.low_rank"
 PLE_LAYERS = "{arch}.ple.layers"
@@ -202,7 +202,7 @@ class Qwen4ExpLayer(StreamsLayer):
 
 class Qwen4Exp(HyperConnections, Qwen35):
     delta_net_gate = staticmethod(torch.sigmoid)   # diff: Qwen3.5's output gate is a SiLU
-    float32_tensors = FLOAT32_TENSORS + MAMBA2_FLOAT32_TENSORS + (
+    float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS + (
         "ple_norm_key.weight", "ple_norm_query.weight", "ple_norm_conv.weight",
         "indexer.q_proj.weight", "indexer.k_proj.weight")
     honours = Qwen35.honours | {Keys.Attention.Indexer.HEAD_COUNT, Keys.Attention.Indexer.KEY_LENGTH,

@@ -1,5 +1,7 @@
-"""Mamba2 (state-space duality): the causal depthwise conv1d, the selective scan in blockwise form
-and step by step, and the mixer that wires them as llama.cpp's `build_mamba2_layer` does.
+"""The state-space mixers: the causal depthwise conv1d; Mamba-1's selective scan (a decay per
+channel and state entry) and Mamba2's (state-space duality: one per head), each in blockwise form
+and step by step; and the mixers that wire them as llama.cpp's `build_mamba_layer` and
+`build_mamba2_layer` do.
 
 Recurrent state lives in a dict the caller may pass (keys "conv", "ssm"); without one every
 batch row starts from zeros, which is what a pass over independent sequences needs.
@@ -13,9 +15,13 @@ from gguf import Keys
 from .blocks import Weights, rms_norm, wide
 
 SCAN_BLOCK = 64
+# a Mamba-1 block's [positions, channels, state] float32 tensors stay under this per sequence; its
+# positions depend on the layer's width only, never on the batch or the context
+SELECTIVE_SCAN_BLOCK_BYTES = 16 * 2 ** 20
+SELECTIVE_SCAN_TENSORS = 4   # such tensors alive at once: decays, states, and a doubling step's two products
 # held in float32 whatever the compute dtype: the decay A, the skip D and dt's bias enter the scan,
 # which runs in float32
-MAMBA2_FLOAT32_TENSORS = (".ssm_a", ".ssm_d", "ssm_dt.bias")
+SSM_FLOAT32_TENSORS = (".ssm_a", ".ssm_d", "ssm_dt.bias")
 
 
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -29,6 +35,55 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     padded = torch.cat([state.to(x.dtype), x], dim=1)                        # [B, K-1+T, C]
     y = F.conv1d(padded.transpose(1, 2), weight.unsqueeze(1), bias, groups=C)  # [B, C, T]
     return y.transpose(1, 2), padded[:, T:]
+
+
+def selective_scan_reference(x, dt, A, B, C, state=None):
+    """Mamba-1's scan step by step, h_t = exp(dt_t A) h_{t-1} + dt_t x_t B_t, y_t = h_t C_t, with a
+    decay per channel and state entry.
+
+    x and dt [b, T, d] (dt after softplus), A [d, n], B and C [b, T, n], state [b, d, n] ->
+    y [b, T, d], final state."""
+    b, T, d = x.shape
+    s = x.new_zeros(b, d, A.shape[1]) if state is None else state
+    ys = []
+    for t in range(T):
+        s = s * torch.exp(dt[:, t, :, None] * A) + (dt[:, t] * x[:, t])[..., None] * B[:, t, None, :]
+        ys.append(torch.einsum("bdn,bn->bd", s, C[:, t]))
+    return torch.stack(ys, dim=1), s
+
+
+def selective_scan_block(d: int, n: int) -> int:
+    """Positions per block of Mamba-1's blockwise scan over d channels of n state entries."""
+    return max(1, min(SCAN_BLOCK, SELECTIVE_SCAN_BLOCK_BYTES // (4 * d * n)))
+
+
+def selective_scan_blockwise(x, dt, A, B, C, state=None, block: int | None = None):
+    """The same scan in blocks of `block` positions (selective_scan_block's by default): inside a
+    block, a parallel prefix scan (Hillis-Steele: log2 L doubling steps, each combining position t
+    with t - step, products of decays that stay in [0, 1]); the state passed between blocks.
+    Shapes as `selective_scan_reference`; below, L positions of a block."""
+    b, T, d = x.shape
+    block = block or selective_scan_block(d, A.shape[1])
+    s = x.new_zeros(b, d, A.shape[1]) if state is None else state
+    ys = []
+    for a in range(0, T, block):
+        dt_b, x_b, B_b, C_b = (m[:, a:a + block] for m in (dt, x, B, C))     # [b, L, d] or [b, L, n]
+        decay = torch.exp(dt_b[..., None] * A)                                 # [b, L, d, n]
+        h = (dt_b * x_b)[..., None] * B_b[:, :, None, :]                       # [b, L, d, n]
+        step = 1
+        while step < h.shape[1]:   # decay_t: the product of the decays of (t - 2 step, t]; h_t: their sum
+            h[:, step:] += decay[:, step:] * h[:, :-step]
+            decay[:, step:] = decay[:, step:] * decay[:, :-step]
+            step *= 2
+        h += decay * s[:, None]                                                # the entering state, decayed
+        ys.append(torch.einsum("bldn,bln->bld", h, C_b))
+        s = h[:, -1].clone()                                                   # frees the block
+    return torch.cat(ys, dim=1), s
+
+
+def selective_scan_bytes(batch: int, d: int, n: int) -> int:
+    """What selective_scan_blockwise holds beyond the per-token activations: its block's tensors."""
+    return SELECTIVE_SCAN_TENSORS * 4 * batch * selective_scan_block(d, n) * d * n
 
 
 def ssd_reference(x, dt, A, B, C, state=None):
@@ -96,6 +151,48 @@ def ssd_blockwise(x, dt, A, B, C, state=None, block: int = SCAN_BLOCK):
     from_state = from_state.view(b, c, g, block, r, p).transpose(3, 4)         # [b, c, g, r, l, p]
     y = y + from_state * torch.exp(a_cum).view(b, c, g, r, block, 1)
     return y.view(b, c, h, block, p).transpose(2, 3).reshape(b, c * block, h, p)[:, :T], final
+
+
+class Mamba1(Weights):
+    """in_proj -> (x, z); conv1d + SiLU on x; x_proj -> (dt, B, C), each RMS-normed where `normed`
+    (by its weight where the block has one); dt_proj + bias; scan; + D x; * SiLU(z); out_proj."""
+
+    def __init__(self, w: dict[str, torch.Tensor | None], normed: bool, eps: float):
+        super().__init__(w)
+        self.normed, self.eps = normed, eps
+
+    def describe(self) -> str:
+        return f"dt, B and C RMS-normed: {self.normed}"
+
+    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+        # x: [B, T, hidden]
+        w = self.w
+        d, n = w["A"].shape                                                    # inner width, state size
+        xs, z = F.linear(x, w["in"]).split([d, d], dim=-1)                   # [B, T, d] each
+        xs, conv_state = causal_conv1d(xs, w["conv"], w["conv_bias"], (state or {}).get("conv"))
+        xs = F.silu(xs)
+        dt, Bm, Cm = F.linear(xs, w["x"]).split([w["dt"].shape[1], n, n], dim=-1)   # dt: [B, T, dt rank]
+        if self.normed:
+            dt, Bm, Cm = (rms_norm(m, w.get(k), self.eps) for m, k in ((dt, "dt_norm"), (Bm, "B_norm"), (Cm, "C_norm")))
+        dt = F.softplus(wide(F.linear(dt, w["dt"])) + w["dt_bias"])           # [B, T, d]
+        y, ssm_state = selective_scan_blockwise(wide(xs), dt, w["A"], wide(Bm), wide(Cm), (state or {}).get("ssm"))
+        y = (y + wide(xs) * w["D"]) * F.silu(wide(z))
+        if state is not None:
+            state["conv"], state["ssm"] = conv_state, ssm_state
+        return F.linear(y.to(x.dtype), w["out"])
+
+
+def read_mamba(arch, t, norm_weights: bool) -> Mamba1:
+    """A Mamba-1 mixer of family `arch` from block tensors `t` (loading.BlockTensors), as llama.cpp's
+    llm_build_mamba_base reads it: dt, B and C RMS-normed by the block's weights (`norm_weights`:
+    Jamba's), or without weights where the file sets ssm.dt_b_c_rms (Falcon-Mamba's)."""
+    w = {"in": t(MT.SSM_IN), "conv": t(MT.SSM_CONV1D), "conv_bias": t(MT.SSM_CONV1D, "bias"), "x": t(MT.SSM_X),
+         "dt": t(MT.SSM_DT), "dt_bias": t(MT.SSM_DT, "bias"), "A": t(MT.SSM_A, None), "D": t(MT.SSM_D, None),
+         "out": t(MT.SSM_OUT)}
+    if norm_weights:
+        w |= {"dt_norm": t(MT.SSM_DT_NORM), "B_norm": t(MT.SSM_B_NORM), "C_norm": t(MT.SSM_C_NORM)}
+    normed = norm_weights or bool(arch.key(Keys.SSM.DT_B_C_RMS, False))
+    return Mamba1(w, normed, arch.hp.eps)
 
 
 class Mamba2(Weights):
