@@ -187,6 +187,20 @@ def minimax_hub_layout(out: Path, version: int = 2) -> None:
     save_file({k: v.contiguous() for k, v in hub.items()}, path, metadata={"format": "pt"})
 
 
+def minimax01_hub_layout(out: Path) -> None:
+    """MiniMax-Text-01's checkpoint as published (transformers 5 saves its experts so already):
+    without the lightning layers' decay tables, which transformers saves as buffers and the
+    converter cannot map (they follow from the config), and with the shard index its converter reads
+    the embedding through."""
+    from safetensors.torch import load_file, save_file
+
+    path = out / "model.safetensors"
+    tensors = {k: v for k, v in load_file(path).items() if not k.endswith(("_decay", ".slope_rate"))}
+    save_file(tensors, path, metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": dict.fromkeys(tensors, path.name)}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+
+
 def bailing_moe_v2(config: dict, out: Path) -> None:
     """A random BailingMoeV2ForCausalLM checkpoint as its modeling code names the weights
     (transformers has no such class): its trunk, then the multi-token-prediction layers."""
@@ -1096,6 +1110,20 @@ SPECS = {
     "apertus": Spec("ApertusConfig", _common(intermediate_size=96, num_hidden_layers=3, rope_parameters=dict(
         rope_type="llama3", rope_theta=10000.0, factor=8.0, original_max_position_embeddings=64, low_freq_factor=1.0,
         high_freq_factor=4.0)), prepare=xielu_per_layer),
+    # MiniMax-Text-01: seven lightning-attention layers, then one of softmax attention (llama.cpp's
+    # interval of 8, which the converter leaves it to), every block's normed input scaled by DeepNorm's
+    # (2 x layers)^(1/4) as the residual (the published 3.5566 at 80 layers); top-2 of 4 softmax-routed
+    # experts renormalised
+    "minimax-01": Spec("MiniMaxConfig", _common(
+        intermediate_size=32, num_hidden_layers=8, num_local_experts=4, num_experts_per_tok=2,
+        layer_types=["linear_attention"] * 7 + ["full_attention"], full_attn_alpha_factor=2.0,
+        linear_attn_alpha_factor=2.0, mlp_alpha_factor=2.0,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        checkpoint=minimax01_hub_layout,
+        raw_config=dict(architectures=["MiniMaxText01ForCausalLM"], rotary_dim=16,
+                        layernorm_full_attention_alpha=2.0, layernorm_linear_attention_alpha=2.0,
+                        layernorm_mlp_alpha=2.0, layernorm_full_attention_beta=1.0,
+                        layernorm_linear_attention_beta=1.0, layernorm_mlp_beta=1.0)),
     # Hunyuan-A13B: per-head QK-norm after RoPE (NeoX), top-2 of 4 softmax-routed experts renormalised,
     # beside an ungated shared MLP of the same width on every layer; the converter reads its per-layer
     # lists (transformers' config holds one value)

@@ -50,6 +50,7 @@ from pipeline.model.arch import (
     laguna,
     llama4,
     load_architecture,
+    minimax01,
     minimax_m3,
     modules,
     qwen2,
@@ -251,6 +252,10 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "minimax-m3 sparse attention": ("minimax-m3", {"minimax-m3.attention.indexer.top_k": 1024}, None),
     "minimax-m3 local block first": ("minimax-m3", {"minimax-m3.attention.indexer.local_blocks": 0}, None),
     "minimax-m3 block size": ("minimax-m3", {"minimax-m3.attention.indexer.block_size": 8}, None),
+    "minimax-01 residual scale": ("minimax-01", {key(Keys.LLM.RESIDUAL_SCALE, "minimax-01"): 1.0}, None),
+    "minimax-01 lightning output gate": ("minimax-01", None, zeroed("attn_gate.weight")),
+    "minimax-01 lightning output norm": ("minimax-01", None, ones("attn_norm_2.weight")),
+    "minimax-01 partial RoPE": ("minimax-01", {key(Keys.Rope.DIMENSION_COUNT, "minimax-01"): 8}, None),
     "qwen4exp sparse attention": ("qwen4exp", {"qwen4exp.attention.indexer.top_k": 1024}, None),
     "qwen4exp block size": ("qwen4exp", {"qwen4exp.attention.compress_ratios": [0, 2, 0, 2]}, None),
     "qwen4exp n-gram embedding": ("qwen4exp", None, zeroed("ple_value.weight")),
@@ -323,6 +328,12 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "jamba weights not renormalised": ("jamba", jamba.Jamba, "normalizes_expert_weights", lambda self: True),
     "jamba attention without RoPE": ("jamba", jamba.Jamba, "attention_spec",
                                      lambda self, i: DecoderArch.attention_spec(self, i)),
+    # lightning attention without its decay (plain linear attention), or with every layer's decay the first's
+    "minimax-01 lightning decay": ("minimax-01", minimax01, "alibi_slopes", lambda n_head: torch.zeros(n_head)),
+    "minimax-01 decay slowing with depth": ("minimax-01", minimax01.Minimax01, "slope_scale", lambda self, i: 1.0),
+    # llama's residual: the stream itself, not each block's normed input, joins the block's output
+    "minimax-01 residual from the normed input": ("minimax-01", minimax01.NormResidualLayer, "forward",
+                                                  modules.PreNormLayer.forward),
     "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
     "qwen4exp Gated DeltaNet's sigmoid output gate": ("qwen4exp", qwen4exp.Qwen4Exp, "delta_net_gate",
                                                       staticmethod(F.silu)),
@@ -585,6 +596,29 @@ def narrower_heads(name, qtype, d):
     ("jamba", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "jamba"): 2.0}, None, "expert_weights_scale = 2.0 changes"),
     ("jamba", None, dropped("blk.0.ffn_gate.weight"), "missing tensor blk.0.ffn_gate.weight"),
     ("jamba", None, dropped("blk.3.ssm_b_norm.weight"), "missing tensor blk.3.ssm_b_norm.weight"),
+    # llama.cpp requires minimax-01's residual scale, routes by softmax and renormalises whatever the file
+    # says, creates no tensors past the trunk, asserts values as wide as keys, reads which layers attend
+    # from the file (a layer with the other kind's tensors is refused) and divides the decay by
+    # block_count - 1; one head count for every layer and the tensors it creates: the tests below
+    ("minimax-01", {key(Keys.LLM.RESIDUAL_SCALE, "minimax-01"): None}, None,
+     "missing metadata key minimax-01.residual_scale"),
+    ("minimax-01", {key(Keys.LLM.EXPERT_GATING_FUNC, "minimax-01"): 2}, None, "expert_gating_func = 2 changes"),
+    ("minimax-01", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "minimax-01"): False}, None,
+     "expert_weights_norm = False changes"),
+    ("minimax-01", {key(Keys.LLM.NEXTN_PREDICT_LAYERS, "minimax-01"): 1}, None, "nextn_predict_layers = 1 changes"),
+    ("minimax-01", {key(Keys.Attention.VALUE_LENGTH, "minimax-01"): 8}, None, "value_length 8 is not key_length 16"),
+    ("minimax-01", {key(Keys.LLM.FULL_ATTENTION_INTERVAL, "minimax-01"): 4}, None,
+     "blk.3.attn_qkv.weight is [192, 64] where the metadata gives [128, 64]"),
+    ("minimax-01", {key(Keys.LLM.FULL_ATTENTION_INTERVAL, "minimax-01"): 0}, None,
+     "minimax-01.full_attention_interval is 0"),
+    ("minimax-01", {"minimax-01.attention.recurrent_layers": [True] * 4}, None,
+     "recurrent_layers has 4 flags for block_count 8"),
+    ("minimax-01", {"minimax-01.attention.recurrent_layers": [True] * 8}, None, "missing tensor blk.7.attn_qkv.weight"),
+    ("minimax-01", {key(Keys.LLM.BLOCK_COUNT, "minimax-01"): 1},
+     lambda n, q, d: None if n.startswith("blk.") and not n.startswith("blk.0.") else (d, q),
+     "a lone layer of lightning attention"),
+    ("minimax-01", None, dropped("blk.3.attn_norm_2.weight"), "missing tensor blk.3.attn_norm_2.weight"),
+    ("minimax-01", None, dropped("blk.2.ffn_gate_inp.weight"), "missing tensor blk.2.ffn_gate_inp.weight"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)
@@ -593,6 +627,30 @@ def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, m
         arch = load_architecture(GGUFIndex(bad))
         for i in range(arch.hp.n_layers):
             arch.load_layer(i, "cpu", torch.float32)
+
+
+@pytest.mark.parametrize("extra", [
+    {"blk.7.attn_output.bias": (np.zeros(64, np.float32), Q.F32)},
+    {"blk.0.attn_q_norm.weight": (np.ones(16, np.float32), Q.F32)},
+    {"blk.1.exp_probs_b.bias": (np.zeros(4, np.float32), Q.F32)},
+    {"rope_freqs.weight": (np.ones(8, np.float32), Q.F32)},
+])
+def test_minimax01_refuses_a_tensor_llama_cpp_does_not_create(extra, tiny_model, tmp_path):
+    # llama.cpp's loader counts the tensors it creates against the file's, and stops on any other
+    _, path = tiny_model("minimax-01")
+    bad = rewrite_gguf(path, tmp_path / "bad.gguf", extra=extra)
+    with pytest.raises(UserError, match=re.escape(f"tensor {next(iter(extra))} is not one llama.cpp's minimax-01")):
+        load_architecture(GGUFIndex(bad))
+
+
+def test_minimax01_takes_one_head_count_for_every_layer(tiny_model, tmp_path):
+    # llama.cpp's graph takes layer 0's head count on every layer: a file with several is refused
+    _, path = tiny_model("minimax-01")
+    heads = key(Keys.Attention.HEAD_COUNT, "minimax-01")
+    scalar_removed = rewrite_gguf(path, tmp_path / "no-heads.gguf", metadata={heads: None})
+    bad = rewrite_gguf(scalar_removed, tmp_path / "bad.gguf", metadata={heads: [4] * 7 + [2]})
+    with pytest.raises(UserError, match=re.escape(f"{heads} differs between layers")):
+        load_architecture(GGUFIndex(bad))
 
 
 def meets_transformers(model, path, ids, atol: float, bfloat16_nats: float) -> None:

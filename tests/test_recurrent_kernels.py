@@ -1,10 +1,13 @@
 """The blockwise recurrent kernels equal their step-by-step references, and a scan split in two
 with the state handed over equals the scan in one piece (float64, lengths that are not
 multiples of the block)."""
+import functools
+
 import pytest
 import torch
 
 from pipeline.model.arch.delta_net import delta_rule_blockwise, delta_rule_reference, l2_norm
+from pipeline.model.arch.minimax01 import alibi_slopes, lightning_blockwise, lightning_reference
 from pipeline.model.arch.ssm import (
     causal_conv1d,
     selective_scan_blockwise,
@@ -47,11 +50,21 @@ def kda_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
     return q, k, v, -torch.rand(b, T, h, dk, generator=g, **F64) * torch.logspace(-2, 1, dk, **F64), beta
 
 
+def lightning_inputs(b=2, T=150, h=3, dk=8, dv=6, seed=0):
+    """MiniMax's lightning attention: q, k, v, the heads' slopes and a layer's scale of them."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, T, h, d, generator=g, **F64) for d in (dk, dk, dv))
+    return q, k, v, alibi_slopes(h).double(), 0.7
+
+
 # kernel -> (inputs, step-by-step reference, blockwise form, shape of its state)
 KERNELS = {"ssd": (ssd_inputs, ssd_reference, ssd_blockwise, (2, 3, 5, 4)),
            "selective_scan": (selective_scan_inputs, selective_scan_reference, selective_scan_blockwise, (2, 6, 4)),
            "delta_rule": (delta_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6)),
-           "kda_rule": (kda_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6))}
+           "kda_rule": (kda_inputs, delta_rule_reference, delta_rule_blockwise, (2, 3, 8, 6)),
+           # blocks of 32: several, and a partial last one, at these lengths
+           "lightning": (lightning_inputs, lightning_reference, functools.partial(lightning_blockwise, block=32),
+                         (2, 3, 8, 6))}
 
 
 @pytest.mark.parametrize("with_state", [False, True])

@@ -147,6 +147,7 @@ MATRIX: list[Member] = [
     member("grok2", "grok", True, 0.011, 0.0054),
     member("mamba", "mamba", False, 0.0092, 0.0046),
     member("jamba", "jamba", True, 0.04, 0.0198),
+    member("minimax-01", "minimax-01", True, 0.016, 0.0078),
 ]
 
 

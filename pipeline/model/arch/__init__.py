@@ -38,6 +38,7 @@ from .llama import Llama
 from .llama4 import Llama4
 from .mamba import Mamba
 from .mimo2 import Mimo2
+from .minimax01 import Minimax01
 from .minimax_m2 import MinimaxM2
 from .minimax_m3 import MinimaxM3
 from .mistral3 import Mistral3
@@ -70,6 +71,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
     "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok, "mamba": Mamba, "jamba": Jamba,
+    "minimax-01": Minimax01,
 }
 
 

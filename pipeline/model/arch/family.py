@@ -63,6 +63,7 @@ class HParams:
 FLOAT32_TENSORS = ("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp.bias", "exp_probs_b.bias")
 KERNEL_WORKSPACE_BYTES = 8 * 2 ** 20   # a forward's own scratch at any length (GEMM packing, SDPA's blocks)
 HC_COUNT = "{arch}.hyper_connection.count"
+RECURRENT_LAYERS = getattr(Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers")
 COMPRESS_RATIOS = "{arch}.attention.compress_ratios"   # per layer: keys per compressed block (0: none)
 
 
@@ -502,6 +503,28 @@ class DenseThenSigmoidExperts:
 
     def ffn_kind(self, i: int) -> str:
         return self.dense_then_experts(i)
+
+
+class AttentionEveryNth:
+    """A hybrid whose loader marks its recurrent layers by attention.recurrent_layers (one flag a
+    layer, or one for all), else by full_attention_interval (`full_attention_interval` where the file
+    names neither): every n-th layer attends, the others recur (mixed in before DecoderArch)."""
+    full_attention_interval = 4   # llama.cpp's default for the family
+
+    def is_recurrent(self, i: int) -> bool:
+        flags = self.gguf.arch_value(RECURRENT_LAYERS)
+        if isinstance(flags, np.ndarray):
+            if len(flags) != int(self.key(Keys.LLM.BLOCK_COUNT)):   # llama.cpp's loader refuses it
+                raise UserError(f"{self.gguf.path}: {RECURRENT_LAYERS.format(arch=self.gguf.architecture)} has "
+                                f"{len(flags)} flags for block_count {int(self.key(Keys.LLM.BLOCK_COUNT))}")
+            return bool(flags[i])
+        if flags is not None:
+            return bool(flags)
+        interval = int(self.key(Keys.LLM.FULL_ATTENTION_INTERVAL, self.full_attention_interval))
+        if interval < 1:
+            raise UserError(f"{self.gguf.path}: {Keys.LLM.FULL_ATTENTION_INTERVAL.format(arch=self.gguf.architecture)} "
+                            f"is {interval}")
+        return (i + 1) % interval != 0
 
 
 class HyperConnections:

@@ -9,34 +9,24 @@ RoPE sections: text positions reduce it to NeoX RoPE with the pairs of its fourt
 """
 from dataclasses import replace
 
-import numpy as np
 import torch.nn.functional as F
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
 
 from .delta_net import GatedDeltaNet
-from .family import FLOAT32_TENSORS, DecoderArch, LayerSpec
+from .family import FLOAT32_TENSORS, AttentionEveryNth, DecoderArch, LayerSpec
 from .loading import BlockTensors
 from .modules import PreNormLayer
 from .ssm import SSM_FLOAT32_TENSORS
 
-RECURRENT_LAYERS = getattr(Keys.Attention, "RECURRENT_LAYERS", "{arch}.attention.recurrent_layers")
-FULL_ATTENTION_INTERVAL = 4   # llama.cpp's default when the file names neither
 
-
-class Qwen3Next(DecoderArch):
+class Qwen3Next(AttentionEveryNth, DecoderArch):
     neox_rope = True
     fused_gate_up_experts = True
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS   # the delta rule's A and dt bias as Mamba2's
     delta_net_gate = staticmethod(F.silu)    # of the Gated DeltaNet's normed output
-
-    def is_recurrent(self, i: int) -> bool:
-        flags = self.gguf.arch_value(RECURRENT_LAYERS)
-        if isinstance(flags, np.ndarray):
-            return bool(flags[i])
-        return (i + 1) % int(self.key(Keys.LLM.FULL_ATTENTION_INTERVAL, FULL_ATTENTION_INTERVAL)) != 0
 
     def layer_spec(self, i: int) -> LayerSpec:
         if self.is_recurrent(i):
