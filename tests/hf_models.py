@@ -341,6 +341,64 @@ def grok_checkpoint(config: dict, out: Path) -> None:
     save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(c, indent=1))
     (out / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+def kimi_k3(config: dict, out: Path) -> None:
+    """A random Kimi-K3 checkpoint as published (transformers has no such class): its text config
+    under text_config, its weights under `language_model.` as the modeling code names them (KDA on
+    the layers linear_attn_config does not list as full attention, 1-indexed), each attention
+    residual's norm and projection apart, the experts one by one (w1 gate, w2 down, w3 up) in the
+    latent space between the routed projections."""
+    from safetensors.torch import save_file
+
+    c, kda = config, config["linear_attn_config"]
+    H, NH, E, L = c["hidden_size"], c["num_attention_heads"], c["num_experts"], c["routed_expert_hidden_size"]
+    dk, inner, nope, rope = kda["head_dim"], NH * kda["head_dim"], c["qk_nope_head_dim"], c["qk_rope_head_dim"]
+    rank, v, qr, ff = c["kv_lora_rank"], c["v_head_dim"], c["q_lora_rank"], c["moe_intermediate_size"]
+    rand = lambda *shape: torch.randn(*shape) * INIT  # noqa: E731
+    norm = lambda n: 1 + rand(n)  # noqa: E731
+
+    def mlp(prefix: str, width: int) -> dict:
+        return {f"{prefix}.gate_proj.weight": rand(width, H), f"{prefix}.up_proj.weight": rand(width, H),
+                f"{prefix}.down_proj.weight": rand(H, width)}
+
+    def residual(prefix: str) -> dict:
+        return {f"{prefix}_res_norm.weight": norm(H), f"{prefix}_res_proj.weight": rand(1, H)}
+
+    m = "language_model.model"
+    w = {f"{m}.embed_tokens.weight": rand(c["vocab_size"], H), f"{m}.norm.weight": norm(H),
+         "language_model.lm_head.weight": rand(c["vocab_size"], H), **residual(f"{m}.output_attn")}
+    for i in range(c["num_hidden_layers"]):
+        p = f"{m}.layers.{i}"
+        w |= {f"{p}.input_layernorm.weight": norm(H), f"{p}.post_attention_layernorm.weight": norm(H),
+              **residual(f"{p}.self_attention"), **residual(f"{p}.mlp")}
+        a = f"{p}.self_attn"
+        if i + 1 in kda["full_attn_layers"]:
+            w |= {f"{a}.q_a_proj.weight": rand(qr, H), f"{a}.q_a_layernorm.weight": norm(qr),
+                  f"{a}.q_b_proj.weight": rand(NH * (nope + rope), qr),
+                  f"{a}.kv_a_proj_with_mqa.weight": rand(rank + rope, H), f"{a}.kv_a_layernorm.weight": norm(rank),
+                  f"{a}.kv_b_proj.weight": rand(NH * (nope + v), rank), f"{a}.g_proj.weight": rand(NH * v, H),
+                  f"{a}.o_proj.weight": rand(H, NH * v)}
+        else:
+            w |= {f"{a}.{x}_proj.weight": rand(inner, H) for x in "qkv"}
+            w |= {f"{a}.{x}_conv1d.weight": rand(inner, 1, kda["short_conv_kernel_size"]) * 2 for x in "qkv"}
+            w |= {f"{a}.f_a_proj.weight": rand(dk, H), f"{a}.f_b_proj.weight": rand(inner, dk),
+                  f"{a}.b_proj.weight": rand(NH, H), f"{a}.A_log": torch.rand(NH) * 2 - 1, f"{a}.dt_bias": rand(inner),
+                  f"{a}.g_proj.weight": rand(inner, H), f"{a}.o_norm.weight": norm(dk),
+                  f"{a}.o_proj.weight": rand(H, inner)}
+        if i < c["first_k_dense_replace"]:
+            w |= mlp(f"{p}.mlp", c["intermediate_size"])
+            continue
+        moe = f"{p}.block_sparse_moe"
+        w |= {f"{moe}.gate.weight": rand(E, H), f"{moe}.gate.e_score_correction_bias": rand(E),
+              f"{moe}.routed_expert_down_proj.weight": rand(L, H), f"{moe}.routed_expert_norm.weight": norm(L),
+              f"{moe}.routed_expert_up_proj.weight": rand(H, L),
+              **mlp(f"{moe}.shared_experts", ff * c["num_shared_experts"])}
+        for e in range(E):
+            w |= {f"{moe}.experts.{e}.w1.weight": rand(ff, L), f"{moe}.experts.{e}.w2.weight": rand(L, ff),
+                  f"{moe}.experts.{e}.w3.weight": rand(ff, L)}
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps({"architectures": ["KimiK3ForConditionalGeneration"],
+                                                 "model_type": "kimi_k3", "text_config": c}, indent=1))
 
 
 def wide_expert_gates(model) -> None:
@@ -1045,6 +1103,20 @@ SPECS = {
         raw_config=dict(first_k_dense_replace=1, moe_router_activation_func="sigmoid", linear_attn_config=dict(
             full_attn_layers=[3], kda_layers=[1, 2, 4], head_dim=16, num_heads=4, short_conv_kernel_size=4)),
         checkpoint=kimi_hub_layout),
+    # Kimi-K3: KDA on layers 0 and 2 (4 heads of 16, the safe gate's lower bound -5), gated latent
+    # attention without RoPE on 1 and 3; attention residuals over blocks of 2 layers (the embedding
+    # and layer 2's input banked); a dense layer, then sigmoid top-2 of 4 experts in a latent space of
+    # 32 with a selection bias, renormalised and scaled, beside two shared experts (one MLP twice as wide,
+    # as the release's); SiTU everywhere, its betas low enough to show
+    "kimi-k3": Spec("", {k: v for k, v in _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, num_shared_experts=2, num_experts=4,
+        num_experts_per_token=2, routed_scaling_factor=2.5, moe_renormalize=True, moe_router_activation_func="sigmoid",
+        first_k_dense_replace=1, routed_expert_hidden_size=32, kv_lora_rank=32, q_lora_rank=48, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, mla_use_nope=True, hidden_act="situ", activation_situ_beta=1.5,
+        activation_situ_linear_beta=2.0, attn_res_block_size=2, rms_norm_eps=1e-6,
+        linear_attn_config=dict(full_attn_layers=[2, 4], kda_layers=[1, 3], head_dim=16, num_heads=4,
+                                short_conv_kernel_size=4, gate_lower_bound=-5.0)).items()
+        if k != "head_dim"} | dict(num_key_value_heads=4), writer=kimi_k3),
     # Step-3.5 (Step-3.7-Flash's text trunk): a dense global layer, then two sliding ones with twice the
     # heads, all their width rotated at their own base, and a global one rotating half; a sigmoid gate
     # per head; sigmoid top-2 of 4 experts with a selection bias beside a shared expert; SwiGLU limits on
@@ -1195,7 +1267,8 @@ SPECS = {
 # many more of them as make up the width), state and latent ranks as DeepSeek's and Mamba2's,
 # feed-forward blocks 16 times as wide
 WIDE = "@2048"
-WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "swa_q_lora_rank", "mamba_d_ssm"), 32),
+WIDER = {**dict.fromkeys(("hidden_size", "q_lora_rank", "swa_q_lora_rank", "mamba_d_ssm", "routed_expert_hidden_size"),
+                          32),
          **dict.fromkeys(("kv_lora_rank", "swa_kv_lora_rank"), 16),
          **dict.fromkeys(("num_attention_heads", "num_attention_heads_per_layer", "num_key_value_heads",
                           "num_sliding_attention_heads", "swa_num_attention_heads", "swa_num_key_value_heads",

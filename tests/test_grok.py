@@ -18,7 +18,7 @@ from pipeline.errors import UserError
 from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.model.arch import grok, load_architecture
 
-from .helpers import HEAD40K, forward, random_ids, run_pipeline
+from .helpers import forward, ppl_in_two_layer_windows, random_ids
 from .hf_models import grok_layout
 from .tiny_gguf import rewrite_gguf
 
@@ -42,7 +42,7 @@ def test_perplexity_in_two_layer_windows_is_llama_perplexity_s(name, tiny_model,
     (1.7e-5 and 1.9e-5 nats): every feed-forward block here is GELU-gated."""
     _, path = tiny_model(name)
     monkeypatch.setattr(grok.Grok, "activation", staticmethod(ggml_cpu_gelu))
-    result = run_pipeline(tmp_path, model=str(path), corpus=str(HEAD40K), ctx=256, chunks=8, window_layers=2)
+    result = ppl_in_two_layer_windows(path, tmp_path)
     assert result["model"]["n_layers"] == 4 and len(result["placement"]) == 2
     assert abs(math.log(result["ppl"]) - math.log(LLAMA_PPL[name])) < 1e-5
 

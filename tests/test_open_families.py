@@ -243,6 +243,19 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "bailingmoe3 experts' SwiGLU limit": ("bailingmoe3", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "bailingmoe3"): None}, None),
     "bailingmoe3 shared expert's SwiGLU limit": ("bailingmoe3", {key(Keys.LLM.SWIGLU_CLAMP_SHEXP, "bailingmoe3"):
                                                                  None}, None),
+    # (its experts' weights renormalised and scaled, read as the file says, move nothing here: the latent
+    # RMSNorm of their weighted sum takes out any factor common to a token's weights)
+    "kimi-k3 attention residuals": ("kimi-k3", {"kimi-k3.attn_res.block_size": 0}, dropped("_res_score.weight")),
+    "kimi-k3 residuals banked every 2 layers": ("kimi-k3", {"kimi-k3.attn_res.block_size": 4}, None),
+    "kimi-k3 final residual mix": ("kimi-k3", None, zeroed("output_res_score.weight")),
+    "kimi-k3 KDA safe gate": ("kimi-k3", {"kimi-k3.kda.gate_lower_bound": None}, None),
+    "kimi-k3 KDA full-rank output gate": ("kimi-k3", None, zeroed("ssm_g.weight")),
+    "kimi-k3 MLA gate per value": ("kimi-k3", None, dropped("attn_gate.weight")),
+    "kimi-k3 SiTU beta": ("kimi-k3", {"kimi-k3.activation.situ_beta": 1e4}, None),
+    "kimi-k3 SiTU linear beta": ("kimi-k3", {"kimi-k3.activation.situ_linear_beta": 0.0}, None),
+    "kimi-k3 latent experts' norm": ("kimi-k3", None, dropped("ffn_routed_norm.weight")),
+    "kimi-k3 selection bias": ("kimi-k3", None, zeroed("exp_probs_b.bias")),
+    "kimi-k3 shared expert": ("kimi-k3", None, zeroed("ffn_down_shexp.weight")),
     "step35 gate per head": ("step35", None, zeroed("attn_gate.weight")),
     "step35 sliding window": ("step35", {key(Keys.Attention.SLIDING_WINDOW, "step35"): 1024}, None),
     "step35 sliding RoPE base": ("step35", {key(Keys.Rope.FREQ_BASE_SWA, "step35"): None}, None),
@@ -457,6 +470,16 @@ def narrower_heads(name, qtype, d):
     if name.endswith("attn_output.weight"):
         return np.ascontiguousarray(d[:, :d.shape[1] // 2]), qtype
     return d, qtype
+def fused_qkv(block: str):
+    """One attn_qkv in place of the block's attn_q, attn_k and attn_v (its rows Q's thrice: the file is
+    refused before any work)."""
+    def fuse(name, qtype, d):
+        if name in (block + "attn_k.weight", block + "attn_v.weight"):
+            return None
+        if name == block + "attn_q.weight":
+            return np.concatenate([d, d, d]), qtype, block + "attn_qkv.weight"
+        return d, qtype
+    return fuse
 
 
 @pytest.mark.parametrize("name,metadata,transform,message", [
@@ -619,6 +642,21 @@ def narrower_heads(name, qtype, d):
      "a lone layer of lightning attention"),
     ("minimax-01", None, dropped("blk.3.attn_norm_2.weight"), "missing tensor blk.3.attn_norm_2.weight"),
     ("minimax-01", None, dropped("blk.2.ffn_gate_inp.weight"), "missing tensor blk.2.ffn_gate_inp.weight"),
+    # llama.cpp stops on a Kimi-K3 file without the residuals' block size, the SiTU betas, the gating
+    # function, its own LM head or a layer's selection bias; its graph takes K_b and V_b apart only
+    # (an attn_kv_b reaches an attention input it never built) and Q, K and V apart on KDA layers
+    # (its biases there: test_kimi_k3.py); a lower bound that is not negative is no safe gate
+    ("kimi-k3", {"kimi-k3.attn_res.block_size": None}, None, "missing metadata key kimi-k3.attn_res.block_size"),
+    ("kimi-k3", {"kimi-k3.activation.situ_linear_beta": None}, None,
+     "missing metadata key kimi-k3.activation.situ_linear_beta"),
+    ("kimi-k3", {key(Keys.LLM.EXPERT_GATING_FUNC, "kimi-k3"): None}, None,
+     "missing metadata key kimi-k3.expert_gating_func"),
+    ("kimi-k3", None, dropped("output.weight"), "missing tensor output.weight"),
+    ("kimi-k3", None, dropped("blk.2.exp_probs_b.bias"), "missing tensor blk.2.exp_probs_b.bias"),
+    ("kimi-k3", None, dropped("blk.2.ffn_res_score.weight"), "missing tensor blk.2.ffn_res_score.weight"),
+    ("kimi-k3", None, older_kv_b, "tensor blk.1.attn_kv_b.weight: llama.cpp's kimi-k3 graph takes attn_k_b"),
+    ("kimi-k3", None, fused_qkv("blk.0."), "missing tensor blk.0.attn_q.weight"),
+    ("kimi-k3", {"kimi-k3.kda.gate_lower_bound": 0.0}, None, "kimi-k3.kda.gate_lower_bound is 0"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

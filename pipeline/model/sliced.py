@@ -20,7 +20,7 @@ blocks' outputs (tensors, or tuples of them, each with a token axis), [B, T, wid
 (every value exact: the MoE's input and the outputs are in the compute dtype or float32, the
 weights float32, the expert indices below 2^24), so the caller can store it between passes.
 The widths come from the family: the layer's input is its boundary (a family of
-hyper-connections carries several streams), the accumulator the MoE's hidden size. The experts
+hyper-connections carries several streams), the accumulator the experts' width. The experts
 are summed in the held layer's order (by index, then the shared expert). Knows neither Luigi
 nor Zarr.
 """
@@ -128,8 +128,9 @@ class SlicedLayer:
 
     @property
     def hidden(self) -> int:
-        """The MoE's input and output width (the accumulator's)."""
-        return self.moe.router.shape[1]
+        """The experts' input and output width (the accumulator's): the MoE's, or the latent width of
+        experts between projections of the layer's own."""
+        return self.moe.experts.down.shape[1]
 
     @property
     def width(self) -> int:

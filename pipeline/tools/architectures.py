@@ -131,6 +131,7 @@ MATRIX: list[Member] = [
     member("bailingmoe2", "bailingmoe2", True, 0.004, 0.0001),
     member("mimo2", "mimo2", True, 0.06, 0.0296),
     member("kimi-linear", "kimi-linear", True, 0.012, 0.0056),
+    member("kimi-k3", "kimi-k3", True, 0.004, 0.0014),
     member("step35", "step35", True, 0.009, 0.0058),
     member("bailingmoe3", "bailingmoe3", True, 0.0064, 0.0032),
     member("dots1", "dots1", True, 0.004, 0.0005),

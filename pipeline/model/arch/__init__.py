@@ -31,6 +31,7 @@ from .hunyuan_moe import HunyuanMoe
 from .hy_v3 import HyV3
 from .hy_v4 import HyV4
 from .jamba import Jamba
+from .kimi_k3 import KimiK3
 from .kimi_linear import KimiLinear
 from .laguna import Laguna
 from .lfm2 import Lfm2
@@ -67,7 +68,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
     "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3, "bailingmoe2": BailingMoe2,
-    "bailingmoe3": BailingMoe3,
+    "bailingmoe3": BailingMoe3, "kimi-k3": KimiK3,
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
     "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok, "mamba": Mamba, "jamba": Jamba,

@@ -54,8 +54,11 @@ class SafeGateDeltaAttention(KimiDeltaAttention):
         """x [B, T, hidden] -> the log decay [B, T, h, d_k] of each key channel, in (lower_bound, 0)."""
         B, T, _ = x.shape
         w, h, dk = self.w, self.n_head, self.d_k
-        f = (wide(F.linear(x, w["f"])) + wide(w["dt_bias"])).view(B, T, h, dk)
+        f = (wide(self.forget(x)) + wide(w["dt_bias"])).view(B, T, h, dk)
         return torch.sigmoid(f * wide(w["A"]).view(h, 1)) * self.lower_bound
+
+    def forget(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.w["f"])
 
     def output_gate(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden] -> the pre-sigmoid output gate [B, T, h x d_k]."""
@@ -63,14 +66,16 @@ class SafeGateDeltaAttention(KimiDeltaAttention):
 
 
 class HeadGatedLatentAttention(LatentAttention):
-    """Latent attention whose heads' outputs are each scaled by sigmoid(gate . x) before the output
-    projection (`gate` [heads, hidden])."""
+    """Latent attention whose heads' outputs are scaled by sigmoid(gate x) before the output
+    projection: each head by one value (`gate` [heads, hidden]) or each of its values (Kimi-K3's,
+    [heads x value_dim, hidden])."""
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         q, k, v, _ = self.project(x, tables)
         y = self.attend(q, k, v, tables)                                         # [B, H, T, value_dim]
-        gate = torch.sigmoid(wide(F.linear(x, self.w["gate"]))).to(y.dtype)    # [B, T, H]
-        return self.output(y * gate.transpose(1, 2)[..., None])
+        B, H, T, _ = y.shape
+        gate = torch.sigmoid(wide(F.linear(x, self.w["gate"]))).to(y.dtype)    # [B, T, H (x value_dim)]
+        return self.output(y * gate.view(B, T, H, -1).transpose(1, 2))
 
 
 class BailingMoe3(KimiLinear):
@@ -80,10 +85,9 @@ class BailingMoe3(KimiLinear):
     honours = (Deepseek2.honours - {Keys.Rope.SCALING_YARN_LOG_MUL}) | {
         Keys.LLM.SWIGLU_CLAMP_EXP, Keys.LLM.SWIGLU_CLAMP_SHEXP}
 
+    required_keys = REQUIRED_KEYS   # llama.cpp's loader stops without them (expert_gating_func: read_gating)
+
     def __init__(self, gguf):
-        self.gguf = gguf
-        for template in REQUIRED_KEYS:   # what llama.cpp's loader stops without (expert_gating_func: read_gating)
-            self.key(template)
         super().__init__(gguf)
         self.check_ling_tensors()
 
@@ -132,27 +136,19 @@ class BailingMoe3(KimiLinear):
 
     # -- shapes ----------------------------------------------------------------------------
     def check_kda_shapes(self) -> None:
-        """Every KDA tensor against the heads, head size and convolution width (the convolutions
-        and A in any of the shapes llama.cpp takes: theirs with unit axes). Q, K and V separate:
-        llama.cpp's graph multiplies by attn_q/k/v and has no fused attn_qkv (nor biases)."""
         self.gate_lower_bound()
-        hidden, (n_head, d_k, width) = self.hp.hidden, self.kda_sizes()
+        super().check_kda_shapes()
+
+    def kda_shapes(self, i: int) -> list[tuple[str, tuple[int, ...], str, bool]]:
+        """Q, K and V apart: llama.cpp's graph multiplies by attn_q/k/v and has no fused attn_qkv (nor
+        biases); the forget and output gates full-rank."""
+        hidden, (n_head, d_k, _) = self.hp.hidden, self.kda_sizes()
         inner = n_head * d_k
-        for spec in (s for s in self.specs if s.mixer == "kda"):
-            def name(kind, suffix=".weight", i=spec.index):
-                return f"blk.{i}.{kind}{suffix}"
-            exact = [(kind, (inner, hidden), "heads x kda.head_dim x embedding_length")
-                     for kind in ("attn_q", "attn_k", "attn_v", "ssm_f_a", "ssm_g_a")]
-            exact += [("ssm_beta", (n_head, hidden), "heads x embedding_length"),
-                      ("ssm_norm", (d_k,), "kda.head_dim"),
-                      ("attn_output", (hidden, inner), "embedding_length x heads x kda.head_dim")]
-            for kind, shape, why in exact:
-                expect(self, name(kind), shape, why, required=True)
-            expect(self, name("ssm_dt", ".bias"), (inner,), "heads x kda.head_dim", required=True)
-            squeezed = [(name(kind), (inner, width), "heads x kda.head_dim x ssm.conv_kernel")
-                        for kind in ("ssm_conv1d_q", "ssm_conv1d_k", "ssm_conv1d_v")]
-            for tensor, shape, why in [*squeezed, (name("ssm_a", ""), (n_head,), "heads")]:
-                expect(self, tensor, shape, why, required=True, unit_axes=True)
+        exact = [(kind, (inner, hidden), "heads x kda.head_dim x embedding_length", True)
+                 for kind in ("attn_q", "attn_k", "attn_v", "ssm_f_a", "ssm_g_a")]
+        return exact + [("ssm_beta", (n_head, hidden), "heads x embedding_length", True),
+                        ("ssm_norm", (d_k,), "kda.head_dim", True),
+                        ("attn_output", (hidden, inner), "embedding_length x heads x kda.head_dim", True)]
 
     def check_ling_tensors(self) -> None:
         """What llama.cpp's loader requires beyond deepseek2's latent attention and the generic

@@ -87,6 +87,7 @@ class DecoderArch:
     # over; a file without one of the first or with one of the second is refused when it is opened
     required_tensors: tuple[str, ...] = ()
     uncomputed_tensors: tuple[str, ...] = ()
+    required_keys: tuple[str, ...] = ()     # keys without which llama.cpp's loader stops (beyond every family's)
     blockwise_scores = False                # its attention forms the scores outside SDPA (blocks.BlockwiseAttention)
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     output_norm = MT.OUTPUT_NORM            # the final norm's tensor
@@ -101,6 +102,8 @@ class DecoderArch:
 
     def __init__(self, gguf: GGUFIndex):
         self.gguf = gguf
+        for template in self.required_keys:
+            self.key(template)
         self.hp = self.read_hparams()
         self.expert_gating = self.read_gating()
         refuse_settings_not_computed(self)
@@ -387,6 +390,10 @@ class DecoderArch:
         """The gated unit of layer i's routed experts (`shared`: of its dense or shared MLP) where it
         is not act(gate) * up; None: it is."""
         return None
+
+    def expert_width(self) -> int:
+        """The routed experts' input and output width: the hidden size (a latent MoE's its own)."""
+        return self.hp.hidden
 
     def normalizes_expert_weights(self) -> bool:
         """Whether the top-k weights are renormalised: always by the softmax families; where the

@@ -61,8 +61,12 @@ class KimiDeltaAttention(Weights):
         """x [B, T, hidden] -> the log decay [B, T, h, d_k] of each key channel: Kimi's
         A_h softplus(f_b(f_a x) + dt_bias)."""
         w, (B, T, _), h, dk = self.w, x.shape, self.n_head, self.d_k
-        forget = wide(F.linear(F.linear(x, w["f_a"]), w["f_b"])) + wide(w["dt_bias"])      # [B, T, h dk]
+        forget = wide(self.forget(x)) + wide(w["dt_bias"])                                  # [B, T, h dk]
         return F.softplus(forget).view(B, T, h, dk) * wide(w["A"]).view(h, 1)
+
+    def forget(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden] -> the forget projection [B, T, h x d_k] before its bias: f_b(f_a x)."""
+        return F.linear(F.linear(x, self.w["f_a"]), self.w["f_b"])
 
     def output_gate(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden] -> the output gate before its sigmoid [B, T, h x d_k]: g_b(g_a x)."""
@@ -119,26 +123,31 @@ class KimiLinear(Deepseek2):
             w |= {"q": t(MT.ATTN_Q), "k": t(MT.ATTN_K), "v": t(MT.ATTN_V)}
         return KimiDeltaAttention(w, n_head, d_k, self.hp.eps)
 
+    def kda_shapes(self, i: int) -> list[tuple[str, tuple[int, ...], str, bool]]:
+        """(kind, shape, why, required) of layer i's KDA tensors but its convolutions, A and dt bias."""
+        hidden, (n_head, d_k, _) = self.hp.hidden, self.kda_sizes()
+        inner = n_head * d_k
+        fused = f"blk.{i}.attn_qkv.weight" in self.gguf.tensors
+        exact = [("attn_qkv", (3 * inner, hidden), "3 x heads x kda.head_dim x embedding_length", False),
+                 ("ssm_f_a", (d_k, hidden), "kda.head_dim x embedding_length", True),
+                 ("ssm_f_b", (inner, d_k), "heads x kda.head_dim x kda.head_dim", True),
+                 ("ssm_g_a", (d_k, hidden), "kda.head_dim x embedding_length", True),
+                 ("ssm_g_b", (inner, d_k), "heads x kda.head_dim x kda.head_dim", True),
+                 ("ssm_beta", (n_head, hidden), "heads x embedding_length", True),
+                 ("ssm_norm", (d_k,), "kda.head_dim", True),
+                 ("attn_output", (hidden, inner), "embedding_length x heads x kda.head_dim", True)]
+        return exact + [(kind, (inner, hidden), "heads x kda.head_dim x embedding_length", not fused)
+                        for kind in ("attn_q", "attn_k", "attn_v")]
+
     def check_kda_shapes(self) -> None:
         """Every KDA tensor against the heads, head size and convolution width of the metadata
         (the convolutions and A in any of the shapes llama.cpp takes: theirs with unit axes)."""
-        hidden, (n_head, d_k, width) = self.hp.hidden, self.kda_sizes()
+        n_head, d_k, width = self.kda_sizes()
         inner = n_head * d_k
         for spec in (s for s in self.specs if s.mixer == "kda"):
             def name(kind, suffix=".weight", i=spec.index):
                 return f"blk.{i}.{kind}{suffix}"
-            fused = name("attn_qkv") in self.gguf.tensors
-            exact = [("attn_qkv", (3 * inner, hidden), "3 x heads x kda.head_dim x embedding_length", False),
-                     ("ssm_f_a", (d_k, hidden), "kda.head_dim x embedding_length", True),
-                     ("ssm_f_b", (inner, d_k), "heads x kda.head_dim x kda.head_dim", True),
-                     ("ssm_g_a", (d_k, hidden), "kda.head_dim x embedding_length", True),
-                     ("ssm_g_b", (inner, d_k), "heads x kda.head_dim x kda.head_dim", True),
-                     ("ssm_beta", (n_head, hidden), "heads x embedding_length", True),
-                     ("ssm_norm", (d_k,), "kda.head_dim", True),
-                     ("attn_output", (hidden, inner), "embedding_length x heads x kda.head_dim", True)]
-            exact += [(kind, (inner, hidden), "heads x kda.head_dim x embedding_length", not fused)
-                      for kind in ("attn_q", "attn_k", "attn_v")]
-            for kind, shape, why, required in exact:
+            for kind, shape, why, required in self.kda_shapes(spec.index):
                 expect(self, name(kind), shape, why, required)
             expect(self, name("ssm_dt", ".bias"), (inner,), "heads x kda.head_dim", required=True)
             squeezed = [(name(kind), (inner, width), "heads x kda.head_dim x ssm.conv_kernel")

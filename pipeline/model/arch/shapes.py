@@ -102,15 +102,16 @@ def expect_layer(arch, spec) -> None:
         down = arch.gguf.tensors.get(name(MT.FFN_DOWN_EXP))
         ff = down.shape[2] if down is not None and len(down.shape) == 3 else 0
         fused = arch.fused_gate_up_experts and name(MT.FFN_GATE_UP_EXP) in arch.gguf.tensors
+        width = arch.expert_width()   # the experts' input and output (embedding_length but in a latent MoE)
         expect(arch, name(MT.FFN_GATE_INP), (n_expert, hidden), "expert_count x embedding_length", required=True)
-        expect(arch, name(MT.FFN_GATE_UP_EXP), (n_expert, 2 * ff, hidden), "gate and up of expert_count experts")
-        expect(arch, name(MT.FFN_UP_EXP), (n_expert, ff, hidden), "expert_count experts", required=not fused)
-        expect(arch, name(MT.FFN_GATE_EXP), (n_expert, ff, hidden), "the up projections' shape")
-        expect(arch, name(MT.FFN_DOWN_EXP), (n_expert, hidden, ff), "the up projections', transposed", required=True)
+        expect(arch, name(MT.FFN_GATE_UP_EXP), (n_expert, 2 * ff, width), "gate and up of expert_count experts")
+        expect(arch, name(MT.FFN_UP_EXP), (n_expert, ff, width), "expert_count experts", required=not fused)
+        expect(arch, name(MT.FFN_GATE_EXP), (n_expert, ff, width), "the up projections' shape")
+        expect(arch, name(MT.FFN_DOWN_EXP), (n_expert, width, ff), "the up projections', transposed", required=True)
         expect(arch, name(MT.FFN_GATE_INP, "bias"), (n_expert,), "expert_count")
         shared = arch.gguf.arch_value(Keys.LLM.EXPERT_SHARED_FEED_FORWARD_LENGTH)
         if shared is not None:
             for kind in (MT.FFN_UP_SHEXP, MT.FFN_GATE_SHEXP):
                 expect(arch, name(kind), (int(shared), hidden), "expert_shared_feed_forward_length x embedding_length")
-        for kind, rows in ((MT.FFN_UP_EXP, ff), (MT.FFN_GATE_EXP, ff), (MT.FFN_DOWN_EXP, hidden)):
+        for kind, rows in ((MT.FFN_UP_EXP, ff), (MT.FFN_GATE_EXP, ff), (MT.FFN_DOWN_EXP, width)):
             expect(arch, name(kind, "bias"), (n_expert, rows), "expert_count x the projection's rows")
