@@ -650,6 +650,27 @@ def hy3_with_mtp(out: Path) -> None:
     save_file(w, path, metadata={"format": "pt"})
 
 
+def exaone_moe_with_mtp(out: Path) -> None:
+    """K-EXAONE's checkpoint as published: per-expert tensors (per_expert_layout), and its
+    multi-token-prediction block under mtp.* (a dense decoder layer, the projection joining the
+    embedding and the hidden state, their two norms and a final norm), which transformers' ExaoneMoe
+    drops on loading; a perplexity pass never runs it (llama.cpp loads and skips it)."""
+    from safetensors.torch import load_file, save_file
+
+    per_expert_layout(out)
+    path = out / "model.safetensors"
+    w = load_file(path)
+    H = w["model.embed_tokens.weight"].shape[1]
+    g = torch.Generator().manual_seed(5)
+    for name, t in list(w.items()):
+        if name.startswith("model.layers.0."):   # the dense layer's shapes
+            w["mtp.layers.0." + name.removeprefix("model.layers.0.")] = t + torch.randn(t.shape, generator=g) * INIT
+    for kind in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        w[f"mtp.{kind}.weight"] = 1 + torch.randn(H, generator=g) * INIT
+    w["mtp.fc.weight"] = torch.randn(H, 2 * H, generator=g) * INIT
+    save_file(w, path, metadata={"format": "pt"})
+
+
 def hy4_hub_layout(out: Path) -> None:
     """Hy4's tensors under their published names, which its converter maps: transformers 5 saves
     the iHC tensors as hc_pre.hc_attn_layer.hc_fn (its renaming reversed at the wrong place) where the
@@ -1026,6 +1047,19 @@ SPECS = {
         swa_kv_lora_rank=24, swa_head_dim=20, swa_qk_nope_head_dim=12, swa_qk_rope_head_dim=8, swa_v_head_dim=8)
         | dict(num_key_value_heads=4, head_dim=24), special_tokens=("<|endofassistant|>",),
         causal_lm="Dots3NoteForCausalLM", checkpoint=dots3_hub_config, reference=llama_cpp_dots3_indexer),
+    # K-EXAONE (exaone-moe): llama's pre-norm layer with per-head QK-norm; a window of 32 on three layers of
+    # four, rotated (NeoX; a low RoPE base, so that it shows), the fourth global without RoPE; a dense layer,
+    # then sigmoid top-2 of 8 experts in 4 groups of 2 (2 used) with a selection bias, weights normed and
+    # scaled by 4 (unscaled, the NLL on the tests' ids lies within 0.002 of 2.5's), beside a shared MLP of
+    # three experts' width; transformers' ExaoneMoe always routes by sigmoid and leaves scoring_func out of
+    # config.json, without which llama.cpp's loader stops; one multi-token-prediction block after the
+    # trunk, unread
+    "exaone-moe": Spec("ExaoneMoeConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        num_shared_experts=3, n_group=4, topk_group=2, routed_scaling_factor=4.0, norm_topk_prob=True,
+        first_k_dense_replace=1, sliding_window=32, sliding_window_pattern=4,
+        rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
+        raw_config={"scoring_func": "sigmoid", "num_nextn_predict_layers": 1}, checkpoint=exaone_moe_with_mtp),
     # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
     # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
     # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)

@@ -39,6 +39,7 @@ from pipeline.model.arch import (
     deepseek2,
     delta_net,
     exaone4,
+    exaone_moe,
     ffn,
     glm_dsa,
     gpt_oss,
@@ -168,6 +169,14 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     # the file's beta_fast (8, grok's default too) against the 32 that llama.cpp's other families take
     "grok2 YaRN beta_fast": ("grok2", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "grok"): 32.0}, None),
     "grok2 final soft-cap": ("grok2", {key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "grok"): 1e6}, None),
+    "exaone-moe QK-norm weights": ("exaone-moe", None, ones(("attn_q_norm.weight", "attn_k_norm.weight"))),
+    "exaone-moe sliding window": ("exaone-moe", {key(Keys.Attention.SLIDING_WINDOW, "exaone-moe"): 1024}, None),
+    "exaone-moe sigmoid routing": ("exaone-moe", {key(Keys.LLM.EXPERT_GATING_FUNC, "exaone-moe"): 1}, None),
+    "exaone-moe selection bias": ("exaone-moe", None, zeroed("exp_probs_b.bias")),
+    "exaone-moe group limit": ("exaone-moe", {key(Keys.LLM.EXPERT_GROUP_COUNT, "exaone-moe"): None,
+                                              key(Keys.LLM.EXPERT_GROUP_USED_COUNT, "exaone-moe"): None}, None),
+    "exaone-moe weight scale": ("exaone-moe", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "exaone-moe"): None}, None),
+    "exaone-moe shared MLP": ("exaone-moe", None, zeroed("ffn_down_shexp.weight")),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -325,6 +334,9 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "exaone4_32b NoPE global layers": ("exaone4_32b", exaone4.Exaone4, "attention_spec",
                                        lambda self, i: replace(exaone4.DecoderArch.attention_spec(self, i),
                                                                span=None if not self.is_sliding(i) else 32)),
+    "exaone-moe NoPE global layers": ("exaone-moe", exaone_moe.ExaoneMoe, "attention_spec",
+                                      lambda self, i: replace(exaone_moe.DecoderArch.attention_spec(self, i),
+                                                              span=None if not self.is_sliding(i) else 32)),
     "olmoe weights not renormalised": ("olmoe", qwen2.Qwen2Moe, "normalizes_expert_weights", lambda self: True),
     "smollm3 NoPE layers": ("smollm3", smollm3, "NOPE_PERIOD", 10 ** 6),
     "olmo2 norms after the blocks": ("olmo2", modules.PostNormLayer, "norm", lambda self, x, weight: x),
@@ -657,6 +669,18 @@ def fused_qkv(block: str):
     ("kimi-k3", None, older_kv_b, "tensor blk.1.attn_kv_b.weight: llama.cpp's kimi-k3 graph takes attn_k_b"),
     ("kimi-k3", None, fused_qkv("blk.0."), "missing tensor blk.0.attn_q.weight"),
     ("kimi-k3", {"kimi-k3.kda.gate_lower_bound": 0.0}, None, "kimi-k3.kda.gate_lower_bound is 0"),
+    # llama.cpp stops on an exaone-moe file without a gating function, a window, its own LM head, a QK-norm or
+    # the shared MLP, or with a tensor its loader has none of; its graph asserts the whole head rotated
+    ("exaone-moe", {key(Keys.LLM.EXPERT_GATING_FUNC, "exaone-moe"): None}, None,
+     "missing metadata key exaone-moe.expert_gating_func"),
+    ("exaone-moe", {key(Keys.Attention.SLIDING_WINDOW, "exaone-moe"): None}, None,
+     "missing metadata key exaone-moe.attention.sliding_window"),
+    ("exaone-moe", None, lambda n, q, d: None if n == "output.weight" else (d, q), "missing tensor output.weight"),
+    ("exaone-moe", None, dropped("blk.1.attn_q_norm.weight"), "missing tensor blk.1.attn_q_norm.weight"),
+    ("exaone-moe", None, dropped("blk.2.ffn_gate_shexp.weight"), "missing tensor blk.2.ffn_gate_shexp.weight"),
+    ("exaone-moe", None, lambda n, q, d: (d, q, "blk.1.ffn_gate_inp_shexp.weight") if n == "blk.1.exp_probs_b.bias"
+     else (d, q), "tensor blk.1.ffn_gate_inp_shexp.weight is not part of the exaone-moe layer"),
+    ("exaone-moe", {key(Keys.Rope.DIMENSION_COUNT, "exaone-moe"): 8}, None, "rope dimension count 8"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

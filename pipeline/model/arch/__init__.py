@@ -16,6 +16,7 @@ from .dots1 import Dots1
 from .dots3note import Dots3Note
 from .ernie4_5_moe import Ernie45Moe
 from .exaone4 import Exaone4
+from .exaone_moe import ExaoneMoe
 from .falcon_h1 import FalconH1
 from .family import DecoderArch
 from .gemma2 import Gemma2
@@ -72,7 +73,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
     "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok, "mamba": Mamba, "jamba": Jamba,
-    "minimax-01": Minimax01,
+    "minimax-01": Minimax01, "exaone-moe": ExaoneMoe,
 }
 
 
