@@ -718,6 +718,7 @@ TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, o
 TINY_QWEN2_5_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                            fullatt_block_indexes=[0])
 TINY_STEP_VISION = dict(width=32, layers=1, heads=2, image_size=28, patch_size=14)
+TINY_MUSE_VISION = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
 
 
 @dataclass
@@ -730,6 +731,7 @@ class Spec:
     special_tokens: tuple = ()                       # added to the tokenizer (a converter may look them up)
     multimodal: str = ""             # a transformers class with a vision tower: `kwargs` are its text_config
     vision: dict = field(default_factory=lambda: TINY_VISION)   # ... and this its vision_config
+    outer: dict = field(default_factory=dict)                    # ... and these keys of its own
     reference: object = None         # applied to the transformers model, where llama.cpp defines the file otherwise
     checkpoint: object = None        # applied to the saved checkpoint's folder, for the converter
     prepare: object = None           # applied to the random model before it is saved
@@ -1060,6 +1062,18 @@ SPECS = {
         first_k_dense_replace=1, sliding_window=32, sliding_window_pattern=4,
         rope_parameters=dict(rope_type="default", rope_theta=1000.0)),
         raw_config={"scoring_func": "sigmoid", "num_nextn_predict_layers": 1}, checkpoint=exaone_moe_with_mtp),
+    # Muse Glimmer (muse-glimmer): Gemma 3's norms on both sides of each block (the post-norms at eps 1e-8),
+    # the embedding RMS-normed, a weightless QK-norm with the queries scaled, a sigmoid gate per value; a
+    # window of 32 on layers 1 and 2 with RoPE (a low base, so that it shows), layers 0 and 3 global
+    # without it (the converter writes the pattern as a list); logits scaled by 2, then capped at 10;
+    # the converter looks up its end-of-turn token
+    "muse-glimmer": Spec("MuseGlimmerConfig", _common(
+        intermediate_size=96, num_hidden_layers=4, sliding_window=32,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        layer_rope_theta=[0, 1000.0, 1000.0, 0], rope_parameters=dict(rope_type="default", rope_theta=1000.0),
+        output_multiplier=2.0, final_logit_softcapping=10.0), special_tokens=("<|eot|>",),
+        multimodal="MuseGlimmerForConditionalGeneration", vision=TINY_MUSE_VISION,
+        outer=dict(out_hidden_size=128, projector_hidden_size=32)),
     # Trinity (afmoe): a dense layer, then sigmoid top-2 of 4 experts with a selection bias, weights
     # normed and scaled, beside a shared expert; a window of 32 on three layers of four, the fourth
     # global without RoPE (a low RoPE base, so that it shows); the embedding scaled (muP)
@@ -1348,7 +1362,7 @@ def build_hf(name: str, out: Path, seed: int = 0):
         return None
     if spec.multimodal:
         config = getattr(transformers, spec.config)(text_config=spec.kwargs, vision_config=spec.vision,
-                                                    tie_word_embeddings=False)
+                                                    tie_word_embeddings=False, **spec.outer)
         model = getattr(transformers, spec.multimodal)._from_config(config, dtype=torch.float32).eval()
     else:
         config = getattr(transformers, spec.config)(**spec.kwargs)

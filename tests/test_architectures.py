@@ -24,7 +24,7 @@ ARCHS = ["qwen2", "qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35
          "granitehybrid", "falcon-h1", "gemma4", "gemma4_moe", "deepseek32",
          "glm-dsa", "cohere2moe", "afmoe", "mimo2", "kimi-linear", "step35", "minimax-m3", "qwen4exp", "gemma3",
          "bailingmoe3", "dots1", "dots3note", "hunyuan-moe", "hy_v3", "hy_v4", "qwen2vl", "apertus",
-         "laguna", "laguna_m1", "mamba", "falcon_mamba", "jamba", "minimax-01", "exaone-moe"]
+         "laguna", "laguna_m1", "mamba", "falcon_mamba", "jamba", "minimax-01", "exaone-moe", "muse-glimmer"]
 # the largest open families, also read from Q8_0 files
 QUANTIZED = ["deepseek2", "glm4moe", "mistral3", "qwen3vlmoe", "gpt-oss", "minimax-m2", "llama4",
              "ernie4_5-moe", "olmo3", "qwen2moe", "gemma2", "granitemoe"]

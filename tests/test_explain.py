@@ -12,7 +12,7 @@ def test_an_architecture_is_shown_by_its_layer_and_its_graph(capsys):
     assert "computed by Gemma3 (pipeline/model/arch/gemma3.py)" in out
     assert "Its graph (PrePostNormLayer.forward" in out
     # the graph's own line: each block's output normed before it joins the stream
-    assert "self.norm(self.ffn(self.norm(h, self.ffn_norm)), self.ffn_post_norm)" in out
+    assert "self.post_norm(self.ffn(self.norm(h, self.ffn_norm)), self.ffn_post_norm)" in out
     assert "Settings computed beyond those every family reads: " in out and "gemma3.final_logit_softcapping" in out
 
 

@@ -54,6 +54,7 @@ from pipeline.model.arch import (
     minimax01,
     minimax_m3,
     modules,
+    muse_glimmer,
     qwen2,
     qwen4exp,
     smollm3,
@@ -177,6 +178,12 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
                                               key(Keys.LLM.EXPERT_GROUP_USED_COUNT, "exaone-moe"): None}, None),
     "exaone-moe weight scale": ("exaone-moe", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "exaone-moe"): None}, None),
     "exaone-moe shared MLP": ("exaone-moe", None, zeroed("ffn_down_shexp.weight")),
+    "muse-glimmer attention gate": ("muse-glimmer", None, zeroed("attn_gate.weight")),
+    "muse-glimmer query scale": ("muse-glimmer", None, ones("attn_q_norm.weight")),
+    "muse-glimmer sliding window": ("muse-glimmer", {key(Keys.Attention.SLIDING_WINDOW, "muse-glimmer"): 1024}, None),
+    "muse-glimmer logit scale": ("muse-glimmer", {key(Keys.LLM.LOGIT_SCALE, "muse-glimmer"): 1.0}, None),
+    "muse-glimmer final soft cap": ("muse-glimmer", {key(Keys.LLM.FINAL_LOGIT_SOFTCAPPING, "muse-glimmer"): None},
+                                    None),
     "mistral3 attention temperature": ("mistral3", {key(Keys.Attention.TEMPERATURE_SCALE, "mistral3"): None}, None),
     "mistral3 YaRN mscale_all_dim": ("mistral3", {key(Keys.Rope.SCALING_YARN_LOG_MUL, "mistral3"): None}, None),
     "mistral3 YaRN beta_fast": ("mistral3", {key(Keys.Rope.SCALING_YARN_BETA_FAST, "mistral3"): None}, None),
@@ -337,6 +344,12 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "exaone-moe NoPE global layers": ("exaone-moe", exaone_moe.ExaoneMoe, "attention_spec",
                                       lambda self, i: replace(exaone_moe.DecoderArch.attention_spec(self, i),
                                                               span=None if not self.is_sliding(i) else 32)),
+    "muse-glimmer NoPE global layers": ("muse-glimmer", muse_glimmer.MuseGlimmer, "attention_spec",
+                                        lambda self, i: replace(muse_glimmer.DecoderArch.attention_spec(self, i),
+                                                                span=None if not self.is_sliding(i) else 32)),
+    "muse-glimmer embedding norm": ("muse-glimmer", muse_glimmer.MuseGlimmer, "embed", muse_glimmer.DecoderArch.embed),
+    "muse-glimmer norms after the blocks": ("muse-glimmer", muse_glimmer.FinePostNormLayer, "post_norm",
+                                            lambda self, x, weight: x),
     "olmoe weights not renormalised": ("olmoe", qwen2.Qwen2Moe, "normalizes_expert_weights", lambda self: True),
     "smollm3 NoPE layers": ("smollm3", smollm3, "NOPE_PERIOD", 10 ** 6),
     "olmo2 norms after the blocks": ("olmo2", modules.PostNormLayer, "norm", lambda self, x, weight: x),
@@ -681,6 +694,22 @@ def fused_qkv(block: str):
     ("exaone-moe", None, lambda n, q, d: (d, q, "blk.1.ffn_gate_inp_shexp.weight") if n == "blk.1.exp_probs_b.bias"
      else (d, q), "tensor blk.1.ffn_gate_inp_shexp.weight is not part of the exaone-moe layer"),
     ("exaone-moe", {key(Keys.Rope.DIMENSION_COUNT, "exaone-moe"): 8}, None, "rope dimension count 8"),
+    # llama.cpp stops on a muse-glimmer file without a logit scale, a window, its own LM head, a QK-norm or a
+    # gate, with values narrower than keys or a tensor its loader has none of; its sliding layers rotate
+    # unscaled, without rope_freqs: RoPE scaling is refused
+    ("muse-glimmer", {key(Keys.LLM.LOGIT_SCALE, "muse-glimmer"): None}, None,
+     "missing metadata key muse-glimmer.logit_scale"),
+    ("muse-glimmer", {key(Keys.Attention.SLIDING_WINDOW, "muse-glimmer"): None}, None,
+     "missing metadata key muse-glimmer.attention.sliding_window"),
+    ("muse-glimmer", None, lambda n, q, d: None if n == "output.weight" else (d, q), "missing tensor output.weight"),
+    ("muse-glimmer", None, dropped("blk.2.attn_k_norm.weight"), "missing tensor blk.2.attn_k_norm.weight"),
+    ("muse-glimmer", None, dropped("blk.1.attn_gate.weight"), "missing tensor blk.1.attn_gate.weight"),
+    ("muse-glimmer", {key(Keys.Attention.VALUE_LENGTH, "muse-glimmer"): 8}, None,
+     "value_length 8 is not key_length 16"),
+    ("muse-glimmer", None, lambda n, q, d: (d, q, "blk.0.attn_output.bias") if n == "blk.0.attn_norm.weight"
+     else (d, q), "tensor blk.0.attn_output.bias is not part of the muse-glimmer layer"),
+    ("muse-glimmer", {key(Keys.Rope.SCALING_TYPE, "muse-glimmer"): "linear",
+                      key(Keys.Rope.SCALING_FACTOR, "muse-glimmer"): 2.0}, None, "RoPE scaling (or rope_freqs)"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

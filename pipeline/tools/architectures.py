@@ -150,6 +150,7 @@ MATRIX: list[Member] = [
     member("jamba", "jamba", True, 0.04, 0.0198),
     member("minimax-01", "minimax-01", True, 0.016, 0.0078),
     member("exaone-moe", "exaone-moe", True, 0.039, 0.0196),
+    member("muse-glimmer", "muse-glimmer", False, 0.042, 0.0207),
 ]
 
 

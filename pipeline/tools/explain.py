@@ -23,11 +23,11 @@ from ..model.arch.modules import Layer
 
 
 def layer_classes(family: type[DecoderArch]) -> list[type[Layer]]:
-    """The Layer classes the family's `layer` builds, found among the names its code reads."""
+    """The Layer classes the family's `layer` builds, found among the names its code reads (a module's
+    or the family's own: `layer_module`)."""
     method = family.layer
-    names = method.__code__.co_names
-    scope = method.__globals__
-    return [scope[n] for n in names if isinstance(scope.get(n), type) and issubclass(scope[n], Layer)]
+    found = [method.__globals__.get(n, getattr(family, n, None)) for n in method.__code__.co_names]
+    return [c for c in found if isinstance(c, type) and issubclass(c, Layer)]
 
 
 def where(obj) -> str:

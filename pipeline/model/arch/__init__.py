@@ -44,6 +44,7 @@ from .minimax01 import Minimax01
 from .minimax_m2 import MinimaxM2
 from .minimax_m3 import MinimaxM3
 from .mistral3 import Mistral3
+from .muse_glimmer import MuseGlimmer
 from .nemotron_h import NemotronH
 from .olmo2 import Olmo2
 from .olmoe import Olmoe
@@ -73,7 +74,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
     "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok, "mamba": Mamba, "jamba": Jamba,
-    "minimax-01": Minimax01, "exaone-moe": ExaoneMoe,
+    "minimax-01": Minimax01, "exaone-moe": ExaoneMoe, "muse-glimmer": MuseGlimmer,
 }
 
 

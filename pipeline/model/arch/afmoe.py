@@ -19,7 +19,22 @@ from .modules import PrePostNormLayer
 NO_ROPE_STEP = 4   # llama.cpp's n_no_rope_layer_step, which no key of this family sets
 
 
-class Afmoe(DenseThenSigmoidExperts, DecoderArch):
+class GatedPrePostNorm:
+    """Gemma 3's layer (each block between a norm of its input and one of its output: `layer_module`)
+    around attention with a sigmoid gate of its own (attn_gate) on the heads' outputs (mixed in before
+    DecoderArch)."""
+    layer_module = PrePostNormLayer
+
+    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
+        return super().attention_weights(spec, t) | {"gate": t(MT.ATTN_GATE)}
+
+    def layer(self, spec: LayerSpec, t: BlockTensors) -> PrePostNormLayer:
+        return self.layer_module(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
+                                 attn_post_norm=t(MT.ATTN_POST_NORM), ffn_norm=t(MT.FFN_NORM),
+                                 ffn=self.ffn(spec, t), ffn_post_norm=t(MT.FFN_POST_NORM))
+
+
+class Afmoe(GatedPrePostNorm, DenseThenSigmoidExperts, DecoderArch):
     neox_rope = True   # llama.cpp rotates this family half the width apart (its converter leaves Q/K as they are)
     swa_period = 4
     honours = DenseThenSigmoidExperts.honours | {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN}
@@ -34,11 +49,3 @@ class Afmoe(DenseThenSigmoidExperts, DecoderArch):
             spec = replace(spec, rope=None)
         windowed = int(self.key(Keys.Attention.SLIDING_WINDOW, 0)) and self.is_sliding(i)   # no window: all global
         return self.sliding(spec) if windowed else spec
-
-    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
-        return super().attention_weights(spec, t) | {"gate": t(MT.ATTN_GATE)}
-
-    def layer(self, spec: LayerSpec, t: BlockTensors) -> PrePostNormLayer:
-        return PrePostNormLayer(spec, self.hp.eps, attn_norm=t(MT.ATTN_NORM), attention=self.mixer(spec, t),
-                                attn_post_norm=t(MT.ATTN_POST_NORM), ffn_norm=t(MT.FFN_NORM),
-                                ffn=self.ffn(spec, t), ffn_post_norm=t(MT.FFN_POST_NORM))

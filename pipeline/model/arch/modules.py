@@ -93,11 +93,14 @@ class PreNormLayer(Layer):
 
 class PrePostNormLayer(Layer):
     """llama.cpp's llm_build_gemma3 and llm_build_glm4: each block between a norm of its input and
-    a norm of its output, which then joins the stream."""
+    a norm of its output (`post_norm`), which then joins the stream."""
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
-        h = x + self.norm(self.attention(self.norm(x, self.attn_norm), tables), self.attn_post_norm)
-        return h + self.norm(self.ffn(self.norm(h, self.ffn_norm)), self.ffn_post_norm)
+        h = x + self.post_norm(self.attention(self.norm(x, self.attn_norm), tables), self.attn_post_norm)
+        return h + self.post_norm(self.ffn(self.norm(h, self.ffn_norm)), self.ffn_post_norm)
+
+    def post_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return self.norm(x, weight)
 
 
 class PostNormLayer(Layer):
