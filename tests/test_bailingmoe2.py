@@ -98,5 +98,5 @@ def test_attention_biases_are_refused_as_llama_cpp_refuses_them(tiny_model, tmp_
     tensor count, and is refused here by name rather than computed."""
     _, path = tiny_model("bailingmoe2")
     bad = rewrite_gguf(path, tmp_path / "bias.gguf", extra={"blk.1.attn_qkv.bias": (np.zeros(128, np.float32), Q.F32)})
-    with pytest.raises(UserError, match="tensor blk.1.attn_qkv.bias is not part of the bailingmoe2 layer"):
+    with pytest.raises(UserError, match="tensor blk.1.attn_qkv.bias is not part of llama.cpp's bailingmoe2 graph"):
         load_architecture(GGUFIndex(bad)).load_layer(1, "cpu", torch.float32)

@@ -5,18 +5,16 @@ routed by sigmoid with a selection bias, group-limited (a group's score: its two
 the top-k weights renormalised and scaled, beside one ungated shared expert. The multi-token
 prediction blocks after the trunk (nextn_predict_layers) are not run, as llama.cpp loads and
 skips them."""
-from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
 from .audit import equals
-from .blocks import AttentionSpec
 from .family import DecoderArch, DenseThenSigmoidExperts
-from .loading import BlockTensors
 
 
 class BailingMoe2(DenseThenSigmoidExperts, DecoderArch):
     neox_rope = True   # the converter leaves Q and K as they are: pairs half the rotated width apart
     own_head_required = True
+    uncomputed_tensors = ("blk.{bid}.attn_qkv.bias", "blk.{bid}.attn_output.bias")   # llama.cpp: no attention biases
 
     def read_gating(self) -> str:
         return self.gating_in_file(None)   # llama.cpp stops on a file that names no gating function
@@ -26,6 +24,3 @@ class BailingMoe2(DenseThenSigmoidExperts, DecoderArch):
         # converter already writes as their total): one shared expert, as every release has
         return super().settings_not_computed() | {Keys.LLM.EXPERT_SHARED_COUNT: equals(1)}
 
-    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
-        t.refuse((MT.ATTN_QKV, "bias"), (MT.ATTN_OUT, "bias"), why="llama.cpp's graph has no attention biases")
-        return super().attention_weights(spec, t)

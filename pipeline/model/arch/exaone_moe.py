@@ -26,7 +26,8 @@ class ExaoneMoe(WholeHeadRope, DenseThenSigmoidExperts, DecoderArch):
     neox_rope = True
     swa_period = 4
     own_head_required = True
-    unloaded_tensors = ("attn_output.bias", "ffn_up.bias", "ffn_down.bias", "ffn_gate_inp_shexp.weight")
+    uncomputed_tensors = ("blk.{bid}.attn_output.bias", "blk.{bid}.ffn_up.bias", "blk.{bid}.ffn_down.bias",
+                          "blk.{bid}.ffn_gate_inp_shexp.weight")
     honours = DenseThenSigmoidExperts.honours | {Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN}
 
     def __init__(self, gguf):

@@ -88,8 +88,6 @@ class DecoderArch:
     required_tensors: tuple[str, ...] = ()
     uncomputed_tensors: tuple[str, ...] = ()
     required_keys: tuple[str, ...] = ()     # keys without which llama.cpp's loader stops (beyond every family's)
-    unloaded_tensors: tuple[str, ...] = ()  # tensors of a block ("attn_output.bias") that the layers here read
-    #                                         where present but llama.cpp's loader never loads: a file refused
     blockwise_scores = False                # its attention forms the scores outside SDPA (blocks.BlockwiseAttention)
     norm = staticmethod(rms_norm)           # the final norm's (the layers' own are their Layer's)
     output_norm = MT.OUTPUT_NORM            # the final norm's tensor

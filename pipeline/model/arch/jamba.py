@@ -14,7 +14,6 @@ from gguf import TENSOR_NAMES, Keys
 from .audit import equals
 from .blocks import AttentionSpec
 from .family import DecoderArch, LayerSpec
-from .loading import BlockTensors
 from .mamba import MambaLayers
 from .shapes import expect
 
@@ -22,6 +21,8 @@ from .shapes import expect
 class Jamba(MambaLayers, DecoderArch):
     norm_weights = True
     honours = frozenset({Keys.SSM.DT_B_C_RMS})   # its mixers norm dt, B and C whatever the key says
+    uncomputed_tensors = ("blk.{bid}.attn_output.bias", "blk.{bid}.attn_q_norm.weight",   # llama.cpp's jamba
+                          "blk.{bid}.attn_k_norm.weight")                                  # attention has none
 
     def __init__(self, gguf):
         super().__init__(gguf)
@@ -54,10 +55,6 @@ class Jamba(MambaLayers, DecoderArch):
     def attention_spec(self, i: int) -> AttentionSpec:
         return replace(super().attention_spec(i), rope=None)   # diff: no position encoding
 
-    def attention_weights(self, spec: AttentionSpec, t: BlockTensors) -> dict:
-        t.refuse((MT.ATTN_OUT, "bias"), (MT.ATTN_Q_NORM, "weight"), (MT.ATTN_K_NORM, "weight"),
-                 why="llama.cpp's jamba attention has no output bias or QK-norm")
-        return super().attention_weights(spec, t)
 
     def normalizes_expert_weights(self) -> bool:
         return False   # diff: the chosen softmax weights as they are

@@ -65,14 +65,6 @@ class BlockTensors:
         not use on this layer: taken as read, never dequantized."""
         self.read.update(name for name in map(self.name, kinds) if name in self.gguf.tensors)
 
-    def refuse(self, *kinds: tuple[MODEL_TENSOR, str], why: str) -> None:
-        """Refuse the file where the block holds any of `kinds` ((kind, suffix) each): tensors that
-        llama.cpp's loader does not create for the family, so that it fails on such a file."""
-        present = [self.name(kind, suffix) for kind, suffix in kinds if self.has(kind, suffix)]
-        if present:
-            raise UserError(f"{self.gguf.path}: tensor {present[0]} is not part of the {self.gguf.architecture} "
-                            f"layer layercycle computes ({why})")
-
     def keep(self, t: torch.Tensor) -> torch.Tensor:
         """`t` moved into the window's block where it has room (else as it is)."""
         view = self.weights.take(tuple(t.shape), t.dtype) if self.weights is not None else None

@@ -40,7 +40,7 @@ class MuseGlimmer(GatedPrePostNorm, DecoderArch):
     layer_module = FinePostNormLayer
     swa_period = 4
     own_head_required = True
-    unloaded_tensors = ("attn_output.bias", "ffn_up.bias", "ffn_down.bias")
+    uncomputed_tensors = ("blk.{bid}.attn_output.bias", "blk.{bid}.ffn_up.bias", "blk.{bid}.ffn_down.bias")
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.Attention.SLIDING_WINDOW_PATTERN, Keys.LLM.LOGIT_SCALE,
                          Keys.LLM.FINAL_LOGIT_SOFTCAPPING})
 

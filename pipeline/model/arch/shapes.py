@@ -40,9 +40,6 @@ def check_shapes(arch) -> None:
                         f"{'has tensors' if odd >= total else 'has none'}")
     for spec in arch.specs:
         expect_layer(arch, spec)
-        if extra := next((n for kind in arch.unloaded_tensors if (n := f"blk.{spec.index}.{kind}") in t), None):
-            raise UserError(f"{arch.gguf.path}: tensor {extra} is not part of the {arch.gguf.architecture} layer "
-                            f"layercycle computes (llama.cpp's loader has none)")
 
 
 def expect(arch, name: str, shape: tuple[int, ...], why: str, required: bool = False,
