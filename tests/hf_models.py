@@ -702,6 +702,16 @@ def hy4_params(model) -> None:
             t.add_(torch.randn_like(t) * INIT)
 
 
+def glm5next_params(model) -> None:
+    """GLM-5.3-Flash's KDA A_log, Sinkhorn scales and biases and k-pool gate and positions away from
+    their initial values (0, 1, 0, all ones: one softmax for every channel, 0), so that each shows."""
+    for name, t in model.named_parameters():
+        if name.endswith(("A_log", "hc.base", "index_kpool_compress_ape", "index_kpool_compress_gate")):
+            t.copy_(torch.randn_like(t) * INIT)
+        elif name.endswith("hc.scale"):
+            t.copy_(0.5 + torch.rand_like(t))
+
+
 def xielu_per_layer(model) -> None:
     """Apertus's xIELU parameters apart on each layer (transformers starts every layer at alpha_p 0.8,
     alpha_n 0.8, beta 0.5), so that a layer's own read shows."""
@@ -717,6 +727,8 @@ TINY_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, o
                    deepstack_visual_indexes=[0])
 TINY_QWEN2_5_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
                            fullatt_block_indexes=[0])
+TINY_GLM5NEXT_VISION = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, out_hidden_size=64,
+                            projection_intermediate_size=64)
 TINY_STEP_VISION = dict(width=32, layers=1, heads=2, image_size=28, patch_size=14)
 TINY_MUSE_VISION = dict(num_hidden_layers=1, hidden_size=32, num_attention_heads=2, intermediate_size=64)
 
@@ -748,6 +760,8 @@ PHI3_TOKENS = ("</s>", "<unk>", "<s>")   # llama.cpp's vocabulary loader looks t
 # as Qwen4-Exp's checkpoints name them, and its converter reads them (transformers' config calls the
 # attention layers "indexed_attention", which the converter would take for dense ones)
 QWEN4EXP_LAYERS = ["linear_attention", "full_attention", "linear_attention", "full_attention"]
+# GLM-5.3-Flash's, as transformers names them (its converter gives each but linear_attention a KV head)
+GLM5NEXT_LAYERS = ["linear_attention", "indexed_attention", "indexed_attention", "linear_attention"]
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True)
 SPECS = {
     # transformers' DeepSeek-V3 always routes by sigmoid and leaves scoring_func out of
@@ -1165,6 +1179,25 @@ SPECS = {
         linear_attn_config=dict(full_attn_layers=[2, 4], kda_layers=[1, 3], head_dim=16, num_heads=4,
                                 short_conv_kernel_size=4, gate_lower_bound=-5.0)).items()
         if k != "head_dim"} | dict(num_key_value_heads=4), writer=kimi_k3),
+    # GLM-5.3-Flash: four streams of hyper-connections mixed by Sinkhorn; KDA on layers 0 and 3 (4 heads
+    # of 16, the safe gate's lower bound -5), latent attention without RoPE on 1 and 2, the k-pool
+    # indexer of layer 1 (pools of 4, the top 16 keys: the tests score 150 positions; 16 heads, so that a
+    # pool's score seldom ties at 0, where transformers' topk and ggml's heap keep different pools)
+    # shared by layer 2; a dense layer, then sigmoid top-2 of 4 experts with a selection bias beside a
+    # shared expert, every SwiGLU clamped at 1.5
+    "glm5next": Spec("Glm5NextConfig", {k: v for k, v in _common(
+        intermediate_size=96, num_hidden_layers=4, moe_intermediate_size=32, n_shared_experts=1, n_routed_experts=4,
+        num_experts_per_tok=2, routed_scaling_factor=2.5, norm_topk_prob=True, kv_lora_rank=32, q_lora_rank=48,
+        qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16, index_topk=16, index_head_dim=16, index_n_heads=16,
+        index_kpool=4, swiglu_limit=1.5, linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
+        linear_lower_bound=-5.0, hc_mult=4, hc_eps=1e-6, hc_sinkhorn_iters=20, rms_norm_eps=1e-6,
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"], indexer_types=["full", "full", "shared", "full"],
+        layer_types=GLM5NEXT_LAYERS).items() if k != "head_dim"} | dict(num_key_value_heads=4),
+        multimodal="Glm5NextForConditionalGeneration", vision=TINY_GLM5NEXT_VISION,
+        prepare=glm5next_params,
+        special_tokens=("[gMASK]", "<|user|>", "<|observation|>"),
+        raw_config=dict(first_k_dense_replace=1, mla_use_nope=True, linear_attn_config=dict(
+            head_dim=16, num_heads=4, short_conv_kernel_size=4, gate_lower_bound=-5.0))),
     # Step-3.5 (Step-3.7-Flash's text trunk): a dense global layer, then two sliding ones with twice the
     # heads, all their width rotated at their own base, and a global one rotating half; a sigmoid gate
     # per head; sigmoid top-2 of 4 experts with a selection bias beside a shared expert; SwiGLU limits on
@@ -1346,6 +1379,10 @@ SPECS["qwen2vl" + WIDE].kwargs["rope_parameters"] = dict(SPECS["qwen2vl"].kwargs
                                                          mrope_section=[8, 12, 12])
 # Jamba's Mamba-1 state is 16 wide at every size (Mamba2's 128 is WIDER's)
 SPECS["jamba" + WIDE].kwargs["mamba_d_state"] = 16
+# GLM-5.3-Flash's KDA heads are its attention heads (its converter asserts it), as wide as its latent ones
+SPECS["glm5next" + WIDE].kwargs.update(linear_num_heads=32, linear_head_dim=64)
+SPECS["glm5next" + WIDE].raw_config["linear_attn_config"] = dict(
+    SPECS["glm5next"].raw_config["linear_attn_config"], num_heads=32, head_dim=64)
 
 
 def build_hf(name: str, out: Path, seed: int = 0):

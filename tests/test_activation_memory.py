@@ -114,13 +114,13 @@ def test_every_converted_family_at_real_width_is_counted_within_twice_its_peak(t
     73 / 92, bailingmoe3 209 / 276, dots1 68 / 92, dots3note 139 / 157, hunyuan-moe 53 / 76, hy_v3
     50 / 76, hy_v4 288 / 413, deci 101 / 110, qwen2vl 52 / 60, apertus 52 / 60, laguna 83 / 92, grok 181 / 252,
     grok2 181 / 268, mamba 258 / 300, jamba 239 / 316, minimax-01 182 / 188, kimi-k3 137 / 244, exaone-moe 53 / 76,
-    muse-glimmer 60 / 68."""
+    muse-glimmer 60 / 68, glm5next 242 / 372."""
     from pipeline.tools.architectures import CONVERTED_WIDE, MATRIX, PREFLIGHT_MEASURED
 
     from .hf_models import wide_model
 
     members = [m for m in MATRIX if PREFLIGHT_MEASURED[m.architecture] == CONVERTED_WIDE]
-    assert len({m.architecture for m in members}) == 51
+    assert len({m.architecture for m in members}) == 52
     names = [m.name for m in members if m.name != "phi3_longrope"]
     for first in range(0, len(names), 6):
         paths = {name: wide_model(name, tmp_path) for name in names[first:first + 6]}

@@ -24,15 +24,16 @@ ARCHS = ["qwen2", "qwen3", "qwen3moe", "mixtral", "qwen3next", "qwen35", "qwen35
          "granitehybrid", "falcon-h1", "gemma4", "gemma4_moe", "deepseek32",
          "glm-dsa", "cohere2moe", "afmoe", "mimo2", "kimi-linear", "step35", "minimax-m3", "qwen4exp", "gemma3",
          "bailingmoe3", "dots1", "dots3note", "hunyuan-moe", "hy_v3", "hy_v4", "qwen2vl", "apertus",
-         "laguna", "laguna_m1", "mamba", "falcon_mamba", "jamba", "minimax-01", "exaone-moe", "muse-glimmer"]
+         "laguna", "laguna_m1", "mamba", "falcon_mamba", "jamba", "minimax-01", "exaone-moe", "muse-glimmer",
+         "glm5next"]
 # the largest open families, also read from Q8_0 files
 QUANTIZED = ["deepseek2", "glm4moe", "mistral3", "qwen3vlmoe", "gpt-oss", "minimax-m2", "llama4",
              "ernie4_5-moe", "olmo3", "qwen2moe", "gemma2", "granitemoe"]
 HYBRIDS = ["qwen3next", "qwen35", "nemotron_h", "lfm2", "granitehybrid", "falcon-h1", "kimi-linear", "qwen4exp",
-           "bailingmoe3", "mamba", "jamba", "minimax-01"]
+           "bailingmoe3", "mamba", "jamba", "minimax-01", "glm5next"]
 EXPECTED_ARCH = {"gemma4_moe": "gemma4", "mixtral": "llama", "falcon_mamba": "mamba",
                  "deepseek2_lite": "deepseek2", "olmo3": "olmo2", "phi3_longrope": "phi3",
-                 "laguna_m1": "laguna"}
+                 "laguna_m1": "laguna", "glm5next": "glm5-next"}
 # Both sides compute float32 over the same float32 weights; they differ by rounding order.
 # Measured max |diff| on logits of magnitude ~10: <= 5e-5 for attention/Mamba2 models, up to
 # 1.7e-3 for Gated DeltaNet ones, whose own float32 and float64 runs differ by as much (the

@@ -41,6 +41,7 @@ from pipeline.model.arch import (
     exaone4,
     exaone_moe,
     ffn,
+    glm5next,
     glm_dsa,
     gpt_oss,
     grok,
@@ -290,6 +291,21 @@ FEATURES_OFF = {   # family fixture, (metadata, tensor transform) of the file wi
     "qwen4exp n-gram embedding": ("qwen4exp", None, zeroed("ple_value.weight")),
     "qwen4exp hyper-connection write-back": ("qwen4exp", None, zeroed(("hc_attn_inject.weight",
                                                                        "hc_ffn_inject.weight"))),
+    "glm5next hyper-connection mixing": ("glm5next", None, zeroed(("hc_attn_fn.weight", "hc_ffn_fn.weight"))),
+    "glm5next Sinkhorn iterations": ("glm5next", {"glm5-next.hyper_connection.sinkhorn_iterations": 1}, None),
+    "glm5next KDA safe gate": ("glm5next", {"glm5-next.kda.gate_lower_bound": None}, None),
+    "glm5next KDA output gate": ("glm5next", None, zeroed("ssm_g_b.weight")),
+    "glm5next sparse attention": ("glm5next", {key(Keys.Attention.Indexer.TOP_K, "glm5-next"): 1024}, None),
+    "glm5next incomplete pool selected": ("glm5next", {"glm5-next.attention.indexer.kpool_select_tail": False},
+                                          None),
+    "glm5next pool positions": ("glm5next", None, zeroed("indexer_compressor_ape.weight")),
+    "glm5next indexer key norm bias": ("glm5next", None, zeroed("indexer.k_norm.bias")),
+    "glm5next SwiGLU limits": ("glm5next", {key(Keys.LLM.SWIGLU_CLAMP_EXP, "glm5-next"): None,
+                                            key(Keys.LLM.SWIGLU_CLAMP_SHEXP, "glm5-next"): None}, None),
+    "glm5next selection bias": ("glm5next", None, zeroed("exp_probs_b.bias")),
+    "glm5next weight scale": ("glm5next", {key(Keys.LLM.EXPERT_WEIGHTS_SCALE, "glm5-next"): None}, None),
+    "glm5next weights renormalised": ("glm5next", {key(Keys.LLM.EXPERT_WEIGHTS_NORM, "glm5-next"): False}, None),
+    "glm5next shared expert": ("glm5next", None, zeroed("ffn_down_shexp.weight")),
     # Falcon-Mamba's weightless RMSNorms of dt, B and C (llama-perplexity on this file: 3419.6380, ours
     # 3419.6381)
     "falcon_mamba dt, B and C norms": ("falcon_mamba", {key(Keys.SSM.DT_B_C_RMS, "mamba"): False}, None),
@@ -375,6 +391,9 @@ PATCHED_OFF = {   # family fixture, (module or class, attribute, stand-in)
     "minimax-m3 clamped SwiGLU": ("minimax-m3", minimax_m3.MinimaxM3, "gated_unit", lambda self, i, shared=False: None),
     "qwen4exp Gated DeltaNet's sigmoid output gate": ("qwen4exp", qwen4exp.Qwen4Exp, "delta_net_gate",
                                                       staticmethod(F.silu)),
+    # the head reads the first stream, not the streams' mean
+    "glm5next mean of the streams": ("glm5next", glm5next.StreamMean, "forward",
+                                     lambda self, streams: (streams[..., 0, :],)),
     # whole blocks only, as transformers selects: the tail's spare slots left empty
     "qwen4exp spare slots to the next-best block": ("qwen4exp", heap_select, "select_keys",
                                                     lambda scores, ratio, width, selected: SELECT_KEYS(
@@ -710,6 +729,25 @@ def fused_qkv(block: str):
      else (d, q), "tensor blk.0.attn_output.bias is not part of llama.cpp's muse-glimmer graph"),
     ("muse-glimmer", {key(Keys.Rope.SCALING_TYPE, "muse-glimmer"): "linear",
                       key(Keys.Rope.SCALING_FACTOR, "muse-glimmer"): 2.0}, None, "RoPE scaling (or rope_freqs)"),
+    # llama.cpp stops on a GLM-5.3-Flash file without the pool size, with pools that do not divide the
+    # indexer's top-k, hyper-connections of other than 4 streams, RoPE on its latent attention, a shared
+    # indexer layer before any full one, an attn_kv_b, a fused attn_qkv (its KDA graph reads attn_q), or
+    # without its own LM head, the indexer's tensors on a full layer or the experts' selection bias; a
+    # lower bound that is not negative is no safe gate
+    ("glm5next", {"glm5-next.attention.indexer.kpool": None}, None,
+     "missing metadata key glm5-next.attention.indexer.kpool"),
+    ("glm5next", {"glm5-next.attention.indexer.kpool": 3}, None, "indexer.top_k 16 in pools of 3"),
+    ("glm5next", {"glm5-next.hyper_connection.count": 2}, None, "2 hyper-connection streams"),
+    ("glm5next", {key(Keys.Rope.DIMENSION_COUNT, "glm5-next"): 8}, None, "rope.dimension_count is 8"),
+    ("glm5next", {"glm5-next.attention.indexer.types": [True, False, True, True]}, None,
+     "layer 1 shares the selection of an earlier layer, and there is none"),
+    ("glm5next", None, older_kv_b, "tensor blk.1.attn_kv_b.weight: llama.cpp's glm5-next loader takes attn_k_b"),
+    ("glm5next", None, fused_qkv("blk.0."), "missing tensor blk.0.attn_q.weight"),
+    ("glm5next", None, dropped("output.weight"), "missing tensor output.weight"),
+    ("glm5next", None, dropped("blk.1.indexer_compressor_ape.weight"),
+     "missing tensor blk.1.indexer_compressor_ape.weight"),
+    ("glm5next", None, dropped("blk.2.exp_probs_b.bias"), "missing tensor blk.2.exp_probs_b.bias"),
+    ("glm5next", {"glm5-next.kda.gate_lower_bound": 0.0}, None, "glm5-next.kda.gate_lower_bound is 0"),
 ])
 def test_what_llama_cpp_does_not_compute_is_refused(name, metadata, transform, message, tiny_model, tmp_path):
     _, path = tiny_model(name)

@@ -24,6 +24,7 @@ from .gemma3 import Gemma3
 from .gemma4 import Gemma4
 from .glm4 import Glm4
 from .glm4moe import Glm4Moe
+from .glm5next import Glm5Next
 from .glm_dsa import GlmDsa
 from .gpt_oss import GptOss
 from .granite import Granite, GraniteHybrid
@@ -70,7 +71,7 @@ ARCHITECTURES: dict[str, type[DecoderArch]] = {
     "phi3": Phi3, "command-r": CommandR, "cohere2": Cohere2, "cohere2moe": Cohere2Moe,
     "lfm2": Lfm2, "lfm2moe": Lfm2, "falcon-h1": FalconH1, "afmoe": Afmoe, "mimo2": Mimo2,
     "kimi-linear": KimiLinear, "step35": Step35, "minimax-m3": MinimaxM3, "bailingmoe2": BailingMoe2,
-    "bailingmoe3": BailingMoe3, "kimi-k3": KimiK3,
+    "bailingmoe3": BailingMoe3, "kimi-k3": KimiK3, "glm5-next": Glm5Next,
     "dots1": Dots1, "dots3note": Dots3Note,
     "hunyuan-moe": HunyuanMoe, "hy_v3": HyV3, "hy_v4": HyV4, "deci": Deci,
     "qwen2vl": Qwen2VL, "apertus": Apertus, "laguna": Laguna, "grok": Grok, "mamba": Mamba, "jamba": Jamba,
