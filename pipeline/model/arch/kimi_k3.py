@@ -183,6 +183,14 @@ class KimiK3(KimiLinear):
     def boundary_width(self, cut: int) -> int:
         return (self.banked(cut) + 1) * self.hp.hidden
 
+    def activation_floats(self, i: int) -> int:
+        """KimiLinear's, with the banked residuals of the boundaries around layer i counted once, not
+        twice: the layer reads them where the input boundary holds them and copies them once into the
+        output (measured at hidden 2048, batch 2: peaks of 121 to 137 MiB, against 244 counted twice
+        and 220 once)."""
+        banked = self.boundary_width(i) + self.boundary_width(i + 1) - 2 * self.hp.hidden
+        return super().activation_floats(i) - banked
+
     # -- layers ----------------------------------------------------------------------------
     def layer(self, spec: LayerSpec, t: BlockTensors) -> KimiK3Layer:
         i, res = spec.index, self.block_size > 0
