@@ -32,3 +32,19 @@ def tiny_model(tmp_path_factory):
             built[name, outtype] = build(name, shared, scratch, outtype)
         return built[name, outtype]
     return get
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests of one tiny model (a parameter naming it, or a feature of it: "glm5next selection
+    bias") share an xdist group (pyproject's --dist loadgroup): one worker builds the model and
+    runs them, while another builds another, instead of waiting on the first one's lock."""
+    from pipeline.tools.architectures import MATRIX
+
+    from .hf_models import SPECS
+
+    names = set(SPECS) | {m.name for m in MATRIX}
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        firsts = [v.split(" ")[0] for v in (callspec.params.values() if callspec else ()) if isinstance(v, str)]
+        if member := next((f for f in firsts if f in names), None):
+            item.add_marker(pytest.mark.xdist_group(member))

@@ -10,6 +10,7 @@ file (ERNIE, Phi-3) gets the same BPE.
 Weights use a larger init scale than the default so that predictions are far from uniform: a
 broken layer then moves the logits instead of hiding under ln(vocab).
 """
+import contextlib
 import functools
 import json
 import os
@@ -1462,19 +1463,27 @@ def tiny_model(name: str, root: Path, scratch: Path, outtype: str = "f32"):
     return model, gguf
 
 
-def wide_model(name: str, root: Path) -> Path:
-    """Member `name` at real width (WIDE), converted to float16; its Hugging Face folder, written
-    in memory where /dev/shm has room for it (a few hundred MB), removed."""
+@contextlib.contextmanager
+def wide_models(names: list[str], root: Path):
+    """{name: path} of the members named at real width (WIDE), converted to float16, for the block:
+    written in memory where /dev/shm has room for them (each some hundred MB, its Hugging Face
+    folder twice that while it converts), else under `root`; removed after."""
     import shutil
 
     shm = Path("/dev/shm")
     scratch = shm if shm.is_dir() and shutil.disk_usage(shm).free > 4 * 2 ** 30 else root
-    hf_dir = scratch / f"layercycle-{os.getpid()}-{name}{WIDE}-hf"
+    folder = scratch / f"layercycle-{os.getpid()}-wide"
+    folder.mkdir()
     try:
-        build_hf(name + WIDE, hf_dir)
-        return convert(hf_dir, root / f"{name}{WIDE}-f16.gguf", "f16", SPECS[name].convert_args)
+        paths = {}
+        for name in names:
+            hf_dir = folder / f"{name}{WIDE}-hf"
+            build_hf(name + WIDE, hf_dir)
+            paths[name] = convert(hf_dir, folder / f"{name}{WIDE}-f16.gguf", "f16", SPECS[name].convert_args)
+            shutil.rmtree(hf_dir)
+        yield paths
     finally:
-        shutil.rmtree(hf_dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def synthetic_member(m, folder: Path, tokenizer_from: Path) -> Path:

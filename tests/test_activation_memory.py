@@ -151,9 +151,10 @@ def test_every_converted_family_at_real_width_is_counted_within_twice_its_peak(n
     50 / 76, hy_v4 288 / 413, deci 101 / 110, qwen2vl 52 / 60, apertus 52 / 60, laguna 83 / 92, grok 181 / 252,
     grok2 181 / 268, mamba 258 / 300, jamba 239 / 316, minimax-01 182 / 188, kimi-k3 135 / 220, exaone-moe 53 / 76,
     muse-glimmer 60 / 68, glm5next 242 / 372."""
-    from .hf_models import wide_model
+    from .hf_models import wide_models
 
-    assert_counted_within_twice_the_peak({name: wide_model(name, tmp_path) for name in names}, WIDE_BATCH)
+    with wide_models(names, tmp_path) as paths:
+        assert_counted_within_twice_the_peak(paths, WIDE_BATCH)
 
 
 def assert_counted_within_twice_the_peak(paths: dict, batch: int) -> None:
