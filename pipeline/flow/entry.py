@@ -52,6 +52,9 @@ class PerplexityRun(RunTask):
                                     description="what the device may hold, e.g. 12GiB (default: what it has)")
     compute_dtype = luigi.ChoiceParameter(choices=["auto", "float32", "bfloat16", "float16"], default="auto")
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32")
+    numerics = luigi.ChoiceParameter(choices=["exact", "llama-cpp"], default="exact",
+                                     description="exact: the model's math on its dequantized weights; llama-cpp: "
+                                                 "llama-perplexity's CPU arithmetic (8-bit activations, float16 KV)")
     per_window = luigi.BoolParameter(default=False, description="print each sequence's mean NLL and the running PPL")
     result_json = luigi.Parameter(default="", significant=False, description="write the result as JSON here")
     dump_tokens = luigi.Parameter(default="", significant=False,
@@ -237,6 +240,21 @@ class PerplexityRun(RunTask):
             raise UserError(f"the run's {what} need about {need / GiB:.2f} GiB under {self.run_root} but "
                             f"{free / GiB:.2f} GiB are free")
 
+    def check_numerics(self) -> None:
+        """llama-cpp numerics: a family emulated in them, computed in float32 as llama.cpp's CPU
+        path computes (the model's and its KL base's)."""
+        from ..model.llama_cpp_numerics import check_emulated
+
+        if self.numerics == "exact":
+            return
+        check_emulated(self.numerics, self.spec().gguf.architecture)
+        device = resolve_device(self.device)
+        for dtype in {self.compute_dtype, self.kl_base_dtype or self.compute_dtype}:
+            if compute_dtype_name(dtype, device) != "float32":
+                raise UserError(f"--numerics llama-cpp computes in float32, as llama.cpp's CPU path does; "
+                                f"--compute-dtype {dtype} is {compute_dtype_name(dtype, device)} on {device}: "
+                                f"give --compute-dtype float32")
+
     def check_shards(self) -> None:
         """A shard takes whole Zarr chunks of sequences: at most as many shards as chunks."""
         if self.shards < 1:
@@ -254,6 +272,7 @@ class PerplexityRun(RunTask):
     def score_tasks(self, check_memory: bool = True) -> list:
         """The Score task of each shard (one unless --shards)."""
         self.check_renamed()
+        self.check_numerics()
         self.check_shards()
         self.check_kl_options()
         file_base = self.file_base()
@@ -292,7 +311,8 @@ class PerplexityRun(RunTask):
         windows = scores[0].windows()
         chain = _chain(scores)
         dtypes = sorted({scores[0].dtype_name(w.device) for w in windows})
-        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype, "shards": self.shards}
+        numerics = {"compute_dtype": "/".join(dtypes), "boundary_dtype": self.boundary_dtype, "shards": self.shards,
+                    "numerics": self.numerics}
         return build_result(self.spec(), windows, scores, score_result(scores), chain, numerics)
 
     def run(self):

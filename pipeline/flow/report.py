@@ -61,7 +61,8 @@ def print_report(r: dict, mode, per_window: bool = False) -> None:
         ("Corpus", f"{r['corpus'].get('source', r['corpus'].get('tokens_file'))} ({r['corpus']['tokens']:,} tokens)"),
         ("Elapsed", f"{r['elapsed_s']:.1f} s"),
         ("Tokens/s", f"{r['tokens_per_s']:,.1f}" if r["tokens_per_s"] else "-"),
-        ("Numerics", f"{r['compute_dtype']} compute, {r['boundary_dtype']} boundaries"),
+        ("Numerics", f"{r['compute_dtype']} compute, {r['boundary_dtype']} boundaries"
+                     + (", llama.cpp's CPU arithmetic" if r.get("numerics") == "llama-cpp" else "")),
         ("Layer placement", r["placement_text"]),
         ("Largest window", f"layers [{lw['first']}..{lw['last']}): {lw['weight_bytes'] / 2**20:,.1f} MiB of weights"),
     ]

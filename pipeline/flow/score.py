@@ -51,7 +51,7 @@ class Score(PlacedTask):
     def identity(self):
         identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
                     **self.shard_identity(), **self.device_identity(), **self.numerics_identity(),
-                    "scoring": numerics.SCORING}
+                    **self.mode_identity(), "scoring": numerics.SCORING}
         if self.base_is_model():
             identity["kl_base"] = self.base_task().spec().model_sha256
         elif self.kl_base:

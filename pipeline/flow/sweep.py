@@ -22,13 +22,14 @@ from ..store import outputs
 # every key but `models` takes one value or a list (a grid axis); a single run's options, less
 # where its result goes
 KEYS = ("models", "ctx", "method", "window_layers", "gpu_layers", "first_layer", "device", "device_memory",
-        "compute_dtype", "boundary_dtype", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
+        "compute_dtype", "boundary_dtype", "numerics", "shards", "task", "corpus", "tokens_file", "chunks", "stride",
         "unscored_prefix", "bos", "kl_base", "kl_base_dtype", "sequences_per_chunk", "windows_per_chunk", "hellaswag",
         "hellaswag_tasks", "winogrande", "winogrande_tasks", "multiple_choice", "multiple_choice_tasks", "escape")
 # paths relative to the repository root
 FILE_KEYS = ("corpus", "tokens_file", "hellaswag", "winogrande", "multiple_choice")
-COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "compute_dtype", "kl_base",
-           "kl_base_dtype", "placement", "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean", "kld_p99", "same_top",
+COLUMNS = ("model", "architecture", "status", "file_gb", "bits_per_weight", "ctx", "method", "compute_dtype",
+           "numerics", "kl_base", "kl_base_dtype", "placement", "ppl", "ppl_stderr", "mean_nll", "accuracy", "kld_mean",
+           "kld_p99", "same_top",
            "ppl_ratio", "elapsed_s", "tokens_per_s", "reason")
 
 
@@ -89,7 +90,7 @@ def table_row(result: dict, gguf) -> dict:
     return {"model": Path(result["model"]["path"]).name, "architecture": result["model"]["architecture"],
             "status": "ok", "file_gb": round(file_gb, 4),
             "bits_per_weight": round(bpw, 3), "ctx": result["ctx"], "method": result["method"],
-            "compute_dtype": result["compute_dtype"],
+            "compute_dtype": result["compute_dtype"], "numerics": result.get("numerics", "exact"),
             "kl_base": Path(k["base"]).name if k else None, "kl_base_dtype": k.get("base_dtype"),
             "placement": result["placement_text"], "ppl": result.get("ppl"), "ppl_stderr": result.get("ppl_stderr"),
             "mean_nll": result.get("mean_nll"), "accuracy": result.get(result["method"], {}).get("accuracy"),
@@ -104,8 +105,8 @@ def point_row(params: dict, status: str, reason: str) -> dict:
     row = dict.fromkeys(COLUMNS)
     return row | {"model": Path(params["model"]).name, "status": status, "ctx": params.get("ctx"),
                   "method": params.get("method"), "compute_dtype": params.get("compute_dtype"),
-                  "kl_base": Path(params["kl_base"]).name if params.get("kl_base") else None,
-                  "reason": reason}
+                  "numerics": params.get("numerics"),
+                  "kl_base": Path(params["kl_base"]).name if params.get("kl_base") else None, "reason": reason}
 
 
 def write_tables(rows: list[dict], out: Path) -> None:
@@ -123,12 +124,12 @@ def write_tables(rows: list[dict], out: Path) -> None:
 
 # what tells a sweep's points apart besides the model: the series of its plots are the values of
 # those that vary (a model's architecture too, where several are swept)
-SERIES_KEYS = ("architecture", "ctx", "method", "compute_dtype", "kl_base", "placement")
+SERIES_KEYS = ("architecture", "ctx", "method", "compute_dtype", "numerics", "kl_base", "placement")
 
 
 def series_label(row: dict, varying: list[str]) -> str:
-    names = {"architecture": "{}", "ctx": "ctx {}", "method": "{}", "compute_dtype": "{}", "kl_base": "base {}",
-             "placement": "{}"}
+    names = {"architecture": "{}", "ctx": "ctx {}", "method": "{}", "compute_dtype": "{}", "numerics": "{} numerics",
+             "kl_base": "base {}", "placement": "{}"}
     shown = varying or ["ctx"] + (["kl_base"] if row["kl_base"] else [])   # one series: say what it is
     return ", ".join(names[k].format(row[k]) for k in shown)
 

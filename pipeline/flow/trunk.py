@@ -63,6 +63,9 @@ class PlacedTask(OutputTask):
                                           description="auto: float32 on the CPU, bfloat16 on CUDA")
     boundary_dtype = luigi.ChoiceParameter(choices=["float32", "bfloat16", "float16"], default="float32",
                                            description="how boundaries are stored on disk")
+    numerics = luigi.ChoiceParameter(choices=["exact", "llama-cpp"], default="exact",
+                                     description="exact: the model's math on its dequantized weights; llama-cpp: "
+                                                 "llama-perplexity's CPU arithmetic (8-bit activations, float16 KV)")
     shards = luigi.IntParameter(default=1, description="independent chains the corpus is split into")
     shard = luigi.IntParameter(default=0, description="which of them this task belongs to")
     device_memory = luigi.Parameter(default="", significant=False,
@@ -83,6 +86,11 @@ class PlacedTask(OutputTask):
         from ..model.arch import ARCHITECTURES
 
         return numerics_identity(ARCHITECTURES[self.spec().gguf.architecture].numerics)
+
+    def mode_identity(self) -> dict:
+        """The numerics mode of an output the layers or the head compute; exact adds nothing, so the
+        outputs made before the mode existed keep their names."""
+        return {"numerics_mode": self.numerics} if self.numerics != "exact" else {}
 
     def shard_identity(self) -> dict:
         return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}
@@ -124,9 +132,11 @@ class PlacedTask(OutputTask):
         return [t for t in luigi.task.flatten(self.requires()) if isinstance(t, PlacedTask)]
 
     def prepare(self) -> None:
+        from ..model.llama_cpp_numerics import set_numerics
         from ..model.process import prepare_for_compute
 
         prepare_for_compute()
+        set_numerics(self.numerics, self.spec().gguf.architecture)
 
     def release_input(self) -> None:
         """Remove the boundary this task consumed, now that its own output is complete; it stays
@@ -273,7 +283,7 @@ class LayerWindow(PlacedTask):
     def identity(self):
         return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
                 "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
-                **self.shard_identity(), **self.device_identity(), **self.numerics_identity()}
+                **self.shard_identity(), **self.device_identity(), **self.numerics_identity(), **self.mode_identity()}
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"

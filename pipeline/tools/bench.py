@@ -63,7 +63,8 @@ def bench_model(alias: str, model: Path, binary: Path | None, cfg: dict) -> list
     """Each run of the table once per repetition, in turn, so that a slow spell of the machine
     falls on all of them alike; then the run of median wall time of each."""
     runs = [functools.partial(llama_once, binary, model, cfg)] if binary else []
-    runs += [functools.partial(layercycle_once, alias, model, w, cfg) for w in cfg["window_sizes"]]
+    runs += [functools.partial(layercycle_once, alias, model, w, cfg, numerics) for w in cfg["window_sizes"]
+             for numerics in cfg.get("numerics", ["exact"])]
     samples: list[list[Row]] = [[] for _ in runs]
     for _ in range(cfg["repetitions"]):
         for run, rows in zip(runs, samples):
@@ -135,15 +136,16 @@ def llama_once(binary: Path, model: Path, cfg: dict) -> Row:
             return Row("llama-perplexity", None, wall, cfg["chunks"] * cfg["ctx"] / wall, ppl, process_rss_mb=rss)
 
 
-def layercycle_once(alias: str, model: Path, window: int | str, cfg: dict) -> Row:
+def layercycle_once(alias: str, model: Path, window: int | str, cfg: dict, numerics: str = "exact") -> Row:
     name = "layercycle " + {0: "whole", "auto": "auto"}.get(window, f"cycled {window}")
+    name += f", {numerics} numerics" if numerics != "exact" else ""
     with tempfile.TemporaryDirectory(prefix="layercycle-bench-") as tmp:
         root = Path(tmp)
         cmd = [sys.executable, "-m", "luigi", "--module", "pipeline", "PerplexityRun", "--model", str(model),
                "--task", "wikitext-2", "--corpus", cfg["corpus"], "--ctx", str(cfg["ctx"]),
                "--chunks", str(cfg["chunks"]), "--window-layers", str(window),
                "--compute-dtype", cfg["compute_dtype"], "--device", cfg.get("device", "auto"), "--run-root", str(root),
-               "--result-json", str(root / "result.json")]
+               "--numerics", numerics, "--result-json", str(root / "result.json")]
         cmd += ["--device-memory", cfg["device_memory"]] if cfg.get("device_memory") else []
         done, wall, rss = run_sampled(cmd, cwd=REPO_ROOT, env=_env(cfg["threads"]))
         if done.returncode:

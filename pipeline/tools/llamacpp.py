@@ -45,17 +45,27 @@ def _unpacked(version: str, source: Path) -> Path:
 def llama_tool(version: str, name: str) -> Path:
     """llama.cpp's program `name` (llama-perplexity, llama-quantize), built once from the sources
     of llama-cpp-python `version`."""
+    return _built(version, name, name)
+
+
+def ggml_cpu_library(version: str) -> Path:
+    """ggml's CPU backend (libggml-cpu.so) of llama-cpp-python `version`, built once: its quantizers
+    and dot products, called through ctypes, are the reference for llama.cpp's numerics."""
+    return _built(version, "ggml-cpu", "libggml-cpu.so")
+
+
+def _built(version: str, target: str, file: str) -> Path:
     # Built for this CPU without AMX: the AMX kernels of this llama.cpp stop with an illegal
     # instruction on Xeons that have it (the AVX-512 VNNI kernels are used instead).
     root = cache_dir() / f"llama-cpp-python-{version}"
     build = root / "build-native-noamx"
-    binary = build / "bin" / name
+    binary = build / "bin" / file
     if binary.is_file():
         return binary
     llama = llama_cpp_source(version)
     with filling(build):                   # one build at a time in the build tree
         if not binary.is_file():           # or built by another process meanwhile
-            _build(llama, build, name)
+            _build(llama, build, target)
     return binary
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..llama_cpp_numerics import kv_cached
 from .rope import RopeSpec, apply_rope
 
 # the float32 scores of one block of queries (three tensors of them: scores, their transform,
@@ -153,6 +154,7 @@ class Attention(Weights):
             q, k = rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)
         if s.temperature is not None:
             q = q * tables.temperature(s.temperature)       # [T, 1]
+        k, v = kv_cached(k), kv_cached(v)                  # as the cache holds them
         y = self.attend_from(x, q, k, v, tables)           # [B, H, T, value_dim]
         y = y.transpose(1, 2).reshape(B, T, s.n_head * s.value_dim)
         if s.gated:

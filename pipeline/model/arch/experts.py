@@ -16,6 +16,7 @@ from gguf import TENSOR_NAMES
 
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
+from ..llama_cpp_numerics import as_read
 from ..weight_block import WeightBlock
 from .blocks import Weights
 
@@ -85,8 +86,8 @@ class SlicedExperts(Weights):
         b = min(a + self.per_slice, self.n_experts)
         loaded = {}
         for role, name in self.names.items():
-            info, out = self.gguf.tensors[name], self.w[role][:b - a]
-            loaded[role] = dequantize(self.gguf.raw(name)[a:b], info.qtype, self.device, name, out.dtype, out=out)
+            info, out, raw = self.gguf.tensors[name], self.w[role][:b - a], self.gguf.raw(name)[a:b]
+            loaded[role] = as_read(dequantize(raw, info.qtype, self.device, name, out.dtype, out=out), raw, info.qtype)
             self.gguf.release_pages(name)
         if "gate_up" in loaded:
             loaded["gate"], loaded["up"] = split_gate_up(loaded.pop("gate_up"))

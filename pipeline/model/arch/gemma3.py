@@ -8,10 +8,10 @@ import math
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
+from ..llama_cpp_numerics import gelu_tanh
 from .blocks import AttentionSpec
 from .family import DecoderArch, LayerSpec
 from .loading import BlockTensors
@@ -19,10 +19,6 @@ from .modules import PrePostNormLayer
 
 SWA_ROPE_BASE = 10000.0    # sliding layers' RoPE base when the file has no freq_base_swa
 LAYERS_27B = 62            # llama.cpp scales Gemma-3 27B's queries by 1/sqrt(hidden / heads)
-
-
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
 
 
 class Gemma3(DecoderArch):

@@ -7,6 +7,7 @@ from gguf import MODEL_TENSOR, TENSOR_NAMES
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.reader import GGUFIndex
+from ..llama_cpp_numerics import as_read
 from ..weight_block import WeightBlock
 
 
@@ -17,7 +18,8 @@ def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock 
         raise UserError(f"{gguf.path}: missing tensor {name}")
     info = gguf.tensors[name]
     out = weights.take(info.shape, dtype) if weights is not None else None
-    t = dequantize(gguf.raw(name), info.qtype, device, name, dtype, out=out)
+    raw = gguf.raw(name)
+    t = as_read(dequantize(raw, info.qtype, device, name, dtype, out=out), raw, info.qtype)
     gguf.release_pages(name)
     return t
 

@@ -16,6 +16,7 @@ import torch
 from gguf import Keys
 
 from ...errors import UserError
+from ..llama_cpp_numerics import emulating
 
 SCALE_LINEAR = "{arch}.rope.scale_linear"   # the older name of rope.scaling.factor, still read by llama.cpp
 # what llama.cpp's llama/qwen/gemma/nemotron loaders use for YaRN: they read none of the
@@ -86,19 +87,38 @@ def yarn_corr_dims(dim: int, n_ctx_orig: int, base: float, beta_fast: float, bet
     return max(0.0, math.floor(corr_dim(beta_fast))), min(dim - 1.0, math.ceil(corr_dim(beta_slow)))
 
 
+def ggml_angles(spec: RopeSpec, n_pos: int, factors: tuple[float, ...] | None) -> torch.Tensor:
+    """pos x base^(-2k/dim) / factor_k [n_pos, dim / 2] (float64 of float32 values) as ggml-cpu's
+    rope cache forms it: the angle of each pair the last one's times powf(base, -2 / dim), rounded
+    to float32 at every step, then divided by the pair's frequency factor; 0 for unrotated pairs."""
+    step = torch.tensor(spec.base, dtype=torch.float64).pow(-2.0 / spec.dim).float()
+    theta = [torch.arange(n_pos, dtype=torch.float32)]
+    for _ in range(spec.dim // 2 - 1):
+        theta.append(theta[-1] * step)
+    angles = torch.stack(theta, dim=1)
+    if factors is not None:
+        angles = angles / torch.tensor(factors, dtype=torch.float32)
+    angles[:, list(spec.unrotated)] = 0.0
+    return angles.double()
+
+
 def rope_tables(spec: RopeSpec, n_pos: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [n_pos, dim / 2], computed in float64."""
+    """cos, sin of shape [n_pos, dim / 2], computed in float64 (in llama-cpp numerics from ggml's
+    float32 angles)."""
     inv = spec.base ** (-torch.arange(0, spec.dim, 2, dtype=torch.float64) / spec.dim)    # [dim / 2]
-    if (factors := frequency_factors(spec, n_pos)) is not None:
+    factors = frequency_factors(spec, n_pos)
+    if factors is not None:
         inv = inv / torch.tensor(factors, dtype=torch.float64)
     if spec.unrotated:
         inv[list(spec.unrotated)] = 0.0
     pos = torch.arange(n_pos, dtype=torch.float64)
+    ggml = ggml_angles(spec, n_pos, factors) if emulating() else None                     # [n_pos, dim / 2]
     if spec.yarn is None:
-        angles, mscale = torch.outer(pos / spec.scale, inv), spec.mscale                  # [n_pos, dim / 2]
+        angles = torch.outer(pos / spec.scale, inv) if ggml is None else ggml / spec.scale
+        mscale = spec.mscale
     else:
         y = spec.yarn
-        extrap = torch.outer(pos, inv)
+        extrap = torch.outer(pos, inv) if ggml is None else ggml
         interp = extrap / spec.scale
         low, high = yarn_corr_dims(spec.dim, y.n_ctx_orig, spec.base, y.beta_fast, y.beta_slow)
         k = torch.arange(spec.dim // 2, dtype=torch.float64)

@@ -1,0 +1,62 @@
+"""ggml's CPU backend through ctypes (libggml-cpu.so of the llama.cpp build llama-perplexity comes
+from, built on first use): each weight type's activation quantizer (`from_float` of its
+vec_dot_type, the x86 SIMD code on this machine) and its dot product, the reference for
+`--numerics llama-cpp`."""
+import ctypes
+import functools
+
+import numpy as np
+
+from pipeline.gguf_io.ggml_types import ggml_type, type_named
+from pipeline.tools.llamacpp import ggml_cpu_library
+
+from .ggml_reference import LLAMA_CPP_PYTHON, ggml_quantize
+from .ggml_reference import traits as ggml_traits
+
+
+class CpuTraits(ctypes.Structure):
+    """ggml-cpu.h's struct ggml_type_traits_cpu."""
+    _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p), ("vec_dot_type", ctypes.c_int),
+                ("nrows", ctypes.c_int64)]
+
+
+FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+VEC_DOT = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t,
+                           ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+@functools.cache
+def ggml_cpu() -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(ggml_cpu_library(LLAMA_CPP_PYTHON)))
+    lib.ggml_get_type_traits_cpu.restype = ctypes.POINTER(CpuTraits)
+    lib.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
+    lib.ggml_cpu_init()
+    return lib
+
+
+def cpu_traits(type_name: str) -> CpuTraits:
+    return ggml_cpu().ggml_get_type_traits_cpu(int(type_named(type_name))).contents
+
+
+def quantize_row(x: np.ndarray, type_name: str) -> np.ndarray:
+    """float32 [K] -> uint8 [K / block, type_size]: the row as ggml-cpu's from_float of `type_name`
+    writes it (for Q8_0, Q8_1, Q8_K: quantize_row_q8_*, the SIMD code)."""
+    traits = ggml_traits(type_named(type_name))   # ggml's sizes (gguf-py's Q8_1 is an older layout)
+    block, type_size = traits.blck_size, traits.type_size
+    source = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros((source.size // block, type_size), dtype=np.uint8)
+    FROM_FLOAT(cpu_traits(type_name).from_float)(source.ctypes.data, out.ctypes.data, source.size)
+    return out
+
+
+def dot(weight_row: np.ndarray, x: np.ndarray, weight_type: str) -> float:
+    """ggml's product of one float32 row, quantized to `weight_type` by ggml, with the float32
+    activations `x`, as a matrix product on the CPU computes it: `x` quantized to the weight
+    type's vec_dot_type, then its vec_dot."""
+    traits = cpu_traits(weight_type)
+    w = ggml_quantize(weight_row.reshape(1, -1), type_named(weight_type))
+    y = quantize_row(x, ggml_type(traits.vec_dot_type).name)
+    s = np.zeros(1, dtype=np.float32)
+    VEC_DOT(traits.vec_dot)(x.size, s.ctypes.data, 0, w.ctypes.data, 0, y.ctypes.data, 0, 1)
+    return float(s[0])
+
