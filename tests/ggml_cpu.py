@@ -10,7 +10,7 @@ import numpy as np
 from pipeline.gguf_io.ggml_types import ggml_type, type_named
 from pipeline.tools.llamacpp import ggml_cpu_library
 
-from .ggml_reference import LLAMA_CPP_PYTHON, ggml_quantize
+from .ggml_reference import LLAMA_CPP_PYTHON, ggml, ggml_quantize
 from .ggml_reference import traits as ggml_traits
 
 
@@ -41,11 +41,12 @@ def cpu_traits(type_name: str) -> CpuTraits:
 def quantize_row(x: np.ndarray, type_name: str) -> np.ndarray:
     """float32 [K] -> uint8 [K / block, type_size]: the row as ggml-cpu's from_float of `type_name`
     writes it (for Q8_0, Q8_1, Q8_K: quantize_row_q8_*, the SIMD code)."""
-    traits = ggml_traits(type_named(type_name))   # ggml's sizes (gguf-py's Q8_1 is an older layout)
+    from_float = cpu_traits(type_name).from_float   # first: builds the library where it is missing
+    traits = ggml_traits(type_named(type_name))     # ggml's sizes (gguf-py's Q8_1 is an older layout)
     block, type_size = traits.blck_size, traits.type_size
     source = np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros((source.size // block, type_size), dtype=np.uint8)
-    FROM_FLOAT(cpu_traits(type_name).from_float)(source.ctypes.data, out.ctypes.data, source.size)
+    FROM_FLOAT(from_float)(source.ctypes.data, out.ctypes.data, source.size)
     return out
 
 
@@ -60,3 +61,53 @@ def dot(weight_row: np.ndarray, x: np.ndarray, weight_type: str) -> float:
     VEC_DOT(traits.vec_dot)(x.size, s.ctypes.data, 0, w.ctypes.data, 0, y.ctypes.data, 0, 1)
     return float(s[0])
 
+
+
+class InitParams(ctypes.Structure):
+    """ggml.h's struct ggml_init_params."""
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", ctypes.c_void_p), ("no_alloc", ctypes.c_bool)]
+
+
+GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26
+
+
+@functools.cache
+def _graph_api():
+    cpu = ggml_cpu()   # first: builds the libraries where they are missing
+    base = ggml()
+    base.ggml_init.restype, base.ggml_init.argtypes = ctypes.c_void_p, [InitParams]
+    for name, args in (("ggml_new_tensor_1d", [ctypes.c_int, ctypes.c_int64]),
+                       ("ggml_new_tensor_3d", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
+                       ("ggml_rope_ext", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_int] + [ctypes.c_float] * 6),
+                       ("ggml_new_graph", [])):
+        getattr(base, name).restype, getattr(base, name).argtypes = ctypes.c_void_p, [ctypes.c_void_p, *args]
+    base.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    base.ggml_get_data.restype, base.ggml_get_data.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+    base.ggml_free.argtypes = [ctypes.c_void_p]
+    cpu.ggml_graph_compute_with_ctx.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    return base, cpu
+
+
+def rope_cos_sin(dim: int, freq_base: float, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [n_pos, dim / 2] float32 of ggml's rope (ggml_rope_ext, pairs side by side, no
+    scaling) at positions 0 .. n_pos - 1: the rotation of (1, 0) in every pair."""
+    base, cpu = _graph_api()
+    ctx = base.ggml_init(InitParams(64 << 20, None, False))
+    try:
+        x = base.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dim, 1, n_pos)
+        pos = base.ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_pos)
+        ones = np.zeros((n_pos, 1, dim), np.float32)
+        ones[..., 0::2] = 1
+        ctypes.memmove(base.ggml_get_data(x), ones.ctypes.data, ones.nbytes)
+        positions = np.arange(n_pos, dtype=np.int32)
+        ctypes.memmove(base.ggml_get_data(pos), positions.ctypes.data, positions.nbytes)
+        rotated = base.ggml_rope_ext(ctx, x, pos, None, dim, 0, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+        graph = base.ggml_new_graph(ctx)
+        base.ggml_build_forward_expand(graph, rotated)
+        cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
+        out = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(rotated), ctypes.POINTER(ctypes.c_float)),
+                                    shape=(n_pos, dim)).copy()
+    finally:
+        base.ggml_free(ctx)
+    return out[:, 0::2], out[:, 1::2]

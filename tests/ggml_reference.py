@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.gguf_io.ggml_types import Q1_0, Q2_0, QUANT_SIZES, GGMLType
-from pipeline.tools.llamacpp import cache_dir
+from pipeline.tools.llamacpp import cache_dir, ggml_cpu_library
 
 from .helpers import REFERENCE
 
@@ -46,6 +46,7 @@ TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int
 
 @functools.cache
 def ggml() -> ctypes.CDLL:
+    ggml_cpu_library(LLAMA_CPP_PYTHON)   # built, with libggml-base.so beside it, where it is missing
     lib = ctypes.CDLL(str(LIBRARY))
     lib.ggml_get_type_traits.restype = ctypes.POINTER(TypeTraits)
     lib.ggml_get_type_traits.argtypes = [ctypes.c_int]

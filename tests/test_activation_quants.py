@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.gguf_io.activation_quants import block_mins, product, q8_0, q8_1, q8_k, vec_dot_type
+from pipeline.gguf_io.activation_quants import block_mins, product, product_input, q8_0, q8_1, q8_k, vec_dot_type
 from pipeline.gguf_io.dequant import dequantize
 from pipeline.gguf_io.ggml_types import type_named
 
@@ -49,9 +49,13 @@ def our_bytes(x: torch.Tensor, type_name: str) -> np.ndarray:
 
 @pytest.mark.parametrize("type_name", ["Q8_0", "Q8_1", "Q8_K"])
 def test_rows_quantize_to_ggmls_bytes(type_name):
+    """The bytes of each row ggml's; product_input's values, computed without the bytes, theirs."""
+    quantize = {"Q8_0": q8_0, "Q8_1": q8_1, "Q8_K": q8_k}[type_name]
     for row in rows(seed=len(type_name) + ord(type_name[-1])):
-        ours = our_bytes(torch.from_numpy(row), type_name)
-        np.testing.assert_array_equal(ours, ggml_cpu.quantize_row(row, type_name))
+        x = torch.from_numpy(row)
+        np.testing.assert_array_equal(our_bytes(x, type_name), ggml_cpu.quantize_row(row, type_name))
+        d, q = quantize(x)[:2]
+        assert torch.equal(product_input(x, type_name)[0], (d.float().unsqueeze(-1) * q).flatten(-2))
 
 
 WEIGHT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",

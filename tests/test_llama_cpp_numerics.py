@@ -78,6 +78,23 @@ def test_llama_cpp_numerics_round_the_cache_and_read_gelu_from_float16(llama_cpp
     assert (table - F.gelu(x, approximate="tanh")).abs().max() < 5e-3
 
 
+def test_rope_angles_are_ggmls(llama_cpp):
+    """cos and sin as ggml's rope computes them (libggml through ctypes), SmolLM2's RoPE over 512
+    positions: within one float32 step (cosf against a correctly rounded cosine), where the float64
+    angles of exact numerics are up to 3e-5 away."""
+    from pipeline.model.arch.rope import RopeSpec, rope_tables
+
+    from . import ggml_cpu
+
+    spec = RopeSpec(dim=64, base=100000.0, neox=False)
+    cos, sin = ggml_cpu.rope_cos_sin(spec.dim, spec.base, 512)
+    ours = rope_tables(spec, 512, "cpu", torch.float32)
+    assert max(np.abs(t.numpy() - ref).max() for t, ref in zip(ours, (cos, sin))) <= 6e-8
+    set_numerics("exact", "llama")
+    exact = rope_tables(spec, 512, "cpu", torch.float32)
+    assert max(np.abs(t.numpy() - ref).max() for t, ref in zip(exact, (cos, sin))) > 1e-5
+
+
 def test_smollm2_moves_to_llama_perplexitys_default_figure(tmp_path):
     """8 chunks of 512 over head40k: exact numerics lie about 0.6% below llama-perplexity's default
     command (24.5958); llama-cpp numerics within 0.3% of it (measured: 0.06%). It cannot be pinned

@@ -73,19 +73,28 @@ def q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return d.squeeze(-1), q.to(torch.int8), q.unflatten(-1, (16, 16)).sum(-1).to(torch.int16)
 
 
-def as_product_input(x: torch.Tensor, dot_type: str) -> torch.Tensor:
-    """x [..., K] float32 as the dot product of `dot_type` sees it, in float32: quantized and
-    dequantized, rounded to F16 or BF16, or (F32) as it is."""
+def product_input(x: torch.Tensor, dot_type: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(x [..., K] float32 as the dot product of `dot_type` sees it: quantized and dequantized,
+    rounded to F16 or BF16, or (F32) as it is; for Q8_1, the rounding of its blocks' stored sums
+    [..., K/32], fp16(d x sum q) - fp16(d) x sum q, else None). The values of q8_0, q8_1 and q8_k's
+    blocks, computed in float32 alone: Q8_K's sign convention cancels in scale x quant."""
     if dot_type == "F32":
-        return x
+        return x, None
     if dot_type in ("F16", "BF16"):
-        return x.to(torch.float16 if dot_type == "F16" else torch.bfloat16).float()
-    return _dequantized(*{"Q8_0": q8_0, "Q8_1": q8_1, "Q8_K": q8_k}[dot_type](x)[:2])
-
-
-def _dequantized(d: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """scales [..., nb], quants [..., nb, block] -> float32 values [..., nb x block]"""
-    return (d.float().unsqueeze(-1) * q).flatten(-2)
+        return x.to(torch.float16 if dot_type == "F16" else torch.bfloat16).float(), None
+    b = _blocks(x, 256 if dot_type == "Q8_K" else 32)                 # [..., nb, block]
+    amax = b.abs().amax(-1, keepdim=True)                             # [..., nb, 1]
+    inverse = _divided(127.0, amax)
+    q = (b * inverse).round_()                                        # half to even
+    if dot_type == "Q8_K":
+        return q.mul_(_divided(1.0, inverse)).flatten(-2), None
+    d = amax / 127.0
+    d16 = d.half().float()
+    sum_error = None
+    if dot_type == "Q8_1":
+        sums = q.sum(-1, keepdim=True)                                # [..., nb, 1], exact
+        sum_error = ((d * sums).half().float() - d16 * sums).squeeze(-1)
+    return q.mul_(d16).flatten(-2), sum_error
 
 
 def block_mins(raw: np.ndarray, qtype: GGMLType) -> torch.Tensor | None:
@@ -105,8 +114,6 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, do
     for `dot_type`. A Q8_1 row's blocks carry their sum as fp16(scale x sum of the quants), which
     ggml multiplies by the weight's block minima (`mins` [N, K/32], block_mins); the dequantized
     product takes fp16(scale) x sum instead, so the difference is added through them."""
-    if dot_type != "Q8_1":
-        return F.linear(as_product_input(x, dot_type), weight, bias)  # [..., N]
-    d, q, s = q8_1(x)                                                # [..., K/32], [..., K/32, 32], [..., K/32]
-    y = F.linear(_dequantized(d, q), weight, bias)                   # [..., N]
-    return y.add_(F.linear(s.float() - d.float() * q.sum(-1, dtype=torch.float32), mins))
+    values, sum_error = product_input(x, dot_type)
+    y = F.linear(values, weight, bias)                                # [..., N]
+    return y if sum_error is None else y.add_(F.linear(sum_error, mins))

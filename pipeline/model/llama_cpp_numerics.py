@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..gguf_io.activation_quants import block_mins, product, vec_dot_type
+from ..gguf_io.activation_quants import VEC_DOT_TYPE, block_mins, product
 from ..gguf_io.ggml_types import GGMLType
 
 MODES = ("exact", "llama-cpp")
@@ -47,8 +47,10 @@ def emulating() -> bool:
 def as_read(t: torch.Tensor, raw: np.ndarray, qtype: GGMLType) -> torch.Tensor:
     """A weight dequantized from `raw` (the file's uint8 rows) of `qtype`, as the products take it:
     in llama-cpp numerics a GGMLWeight (an F32 tensor as it is: ggml multiplies it in float32)."""
-    dot_type = vec_dot_type(qtype)
-    if not emulating() or dot_type == "F32" or t.dim() < 2:
+    if not emulating() or t.dim() < 2 or qtype.name not in VEC_DOT_TYPE:   # integer tables are looked up
+        return t
+    dot_type = VEC_DOT_TYPE[qtype.name]
+    if dot_type == "F32":
         return t
     mins = block_mins(raw, qtype)
     return GGMLWeight(t, dot_type, None if mins is None else mins.to(t.device))
