@@ -46,5 +46,5 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         callspec = getattr(item, "callspec", None)
         firsts = [v.split(" ")[0] for v in (callspec.params.values() if callspec else ()) if isinstance(v, str)]
-        if member := next((f for f in firsts if f in names), None):
+        if item.get_closest_marker("xdist_group") is None and (member := next((f for f in firsts if f in names), None)):
             item.add_marker(pytest.mark.xdist_group(member))

@@ -20,6 +20,10 @@ from pipeline.run import preflight
 from pipeline.tools.architectures import CONVERTED_WIDE, MATRIX, PREFLIGHT_MEASURED, SYNTHETIC_WIDE
 from pipeline.tools.synthetic import Shape
 
+# one worker measures them one after another (tests/conftest.py, --dist loadgroup): two at once, each
+# a few hundred MB of weights built, converted and run, took 2.8 times as long as one alone
+pytestmark = pytest.mark.xdist_group("activation-memory")
+
 CONTEXTS = [256, 1024, 8192]
 BATCH = 4
 WIDE_BATCH = 2   # the families at real width: a batch of 2 x 512 tokens each

@@ -215,7 +215,7 @@ def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
         calls.append("llama")
         return bench.Row("llama-perplexity", None, next(walls), 0.0, 1.0)
 
-    def layercycle_once(alias, model, window, cfg):
+    def layercycle_once(alias, model, window, cfg, numerics):
         calls.append(window)
         if window == 4:
             return bench.Row("layercycle cycled 4", 4, 0.1, 0.0, float("nan"), refused="does not fit")
