@@ -43,23 +43,28 @@ def _divided(numerator: float, d: torch.Tensor) -> torch.Tensor:
     return torch.where(d != 0, torch.full_like(d, numerator) / d, 0.0)
 
 
+def _rounded(x: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (blocks' largest magnitude [..., nb, 1], 127 / it [..., nb, 1], the blocks
+    scaled by that and rounded half to even [..., nb, size], float32)."""
+    b = _blocks(x, size)
+    amax = b.abs().amax(-1, keepdim=True)
+    inverse = _divided(127.0, amax)
+    return amax, inverse, (b * inverse).round_()
+
+
 def q8_0(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (scale [..., K/32] float16, quants [..., K/32, 32] int8), as ggml's x86
     quantize_row_q8_0."""
-    b = _blocks(x, 32)                                              # [..., nb, 32]
-    amax = b.abs().amax(-1, keepdim=True)                           # [..., nb, 1]
-    q = torch.round(b * _divided(127.0, amax))                      # half to even
+    amax, _, q = _rounded(x, 32)
     return (amax / 127.0).squeeze(-1).half(), q.to(torch.int8)
 
 
 def q8_1(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [..., K] -> (scale [..., K/32] float16, quants [..., K/32, 32] int8, scaled sum
     [..., K/32] float16: fp16(scale_f32 x sum of the quants)), as ggml's x86 quantize_row_q8_1."""
-    b = _blocks(x, 32)
-    amax = b.abs().amax(-1, keepdim=True)
-    d = amax / 127.0                                                # [..., nb, 1] float32
-    q = torch.round(b * _divided(127.0, amax))
-    return d.squeeze(-1).half(), q.to(torch.int8), (d.squeeze(-1) * q.sum(-1)).half()
+    amax, _, q = _rounded(x, 32)
+    d = (amax / 127.0).squeeze(-1)                                  # [..., nb] float32
+    return d.half(), q.to(torch.int8), (d * q.sum(-1)).half()
 
 
 def q8_k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -82,10 +87,7 @@ def product_input(x: torch.Tensor, dot_type: str) -> tuple[torch.Tensor, torch.T
         return x, None
     if dot_type in ("F16", "BF16"):
         return x.to(torch.float16 if dot_type == "F16" else torch.bfloat16).float(), None
-    b = _blocks(x, 256 if dot_type == "Q8_K" else 32)                 # [..., nb, block]
-    amax = b.abs().amax(-1, keepdim=True)                             # [..., nb, 1]
-    inverse = _divided(127.0, amax)
-    q = (b * inverse).round_()                                        # half to even
+    amax, inverse, q = _rounded(x, 256 if dot_type == "Q8_K" else 32)   # [..., nb, 1] x 2, [..., nb, block]
     if dot_type == "Q8_K":
         return q.mul_(_divided(1.0, inverse)).flatten(-2), None
     d = amax / 127.0
