@@ -11,6 +11,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def exact_numerics():
+    """Each test starts in exact numerics: a pass in llama-cpp numerics sets them for its process."""
+    yield
+    from pipeline.model.llama_cpp_numerics import set_numerics
+    set_numerics("exact", "llama")
+
+
 @pytest.fixture(scope="session")
 def model_path():
     """Path of a registered real model, fetched into data/models/ on first use."""

@@ -1495,6 +1495,20 @@ def synthetic_member(m, folder: Path, tokenizer_from: Path) -> Path:
     return write_synthetic_gguf(folder / f"{m.name}.gguf", Shape(**shape), tokenizer_from)
 
 
+def member_in_8_bits(m, folder: Path, tiny=None) -> Path:
+    """A member of the conformance matrix with its matrices in 8 bits, under `folder`: converted with
+    `--outtype q8_0`, or (a synthetic member) written with Q4_0 matrices, whose products take Q8_0
+    activations alike. `tiny(name, outtype)` gives a converted member (the tests' shared fixture);
+    by default it is built under `folder`."""
+    import dataclasses
+
+    tiny = tiny or (lambda name, outtype: tiny_model(name, folder, folder / "scratch", outtype))
+    if not m.synthetic:
+        return tiny(m.name, "q8_0")[1]
+    quantized = dataclasses.replace(m, name=f"{m.name}-q4_0", synthetic={**m.synthetic, "quant": "Q4_0"})
+    return synthetic_member(quantized, folder, tiny(m.synthetic["tokenizer_from"], "f32")[1])
+
+
 def write_members(folder: Path) -> None:
     """Every member of the conformance matrix as FOLDER/NAME.gguf, as `python -m pipeline.gpu_check`
     reads them on a machine without the converter: the converted ones, then the synthetic ones."""

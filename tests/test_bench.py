@@ -344,3 +344,26 @@ def test_the_synthetic_command_writes_a_named_model_once(tmp_path, monkeypatch, 
     assert synthetic.main(["--config", str(config), "tiny"]) == 0 and path.stat().st_mtime_ns == written
     assert synthetic.main(["--config", str(config), "other"]) == 1
     assert "has no [synthetic.other] (it has: tiny)" in capsys.readouterr().err
+
+
+def test_a_config_takes_its_bases_keys_where_it_sets_none():
+    from pipeline.paths import CONFIGS
+    from pipeline.tools.bench import load_config
+
+    cfg = load_config(CONFIGS / "bench" / "30b-a3b-llama-cpp-numerics.toml")
+    assert cfg["models"] == ["synthetic-qwen3-30b-a3b"] and cfg["compute_dtype"] == "float32"
+    assert cfg["device_memory"] == "12GiB" and "synthetic-qwen3-30b-a3b" in cfg["synthetic"] and "base" not in cfg
+    assert cfg["corpus"].endswith("wikitext-2-test.head40k.txt")
+
+
+def test_the_plot_draws_a_line_for_each_numerics_mode(tmp_path):
+    """Two rows of one window size (a numerics axis) plot as two lines, not one sorted by row."""
+    from pipeline.tools.bench import Row, plot
+
+    rows = [Row("llama-perplexity", None, 10.0, 50.0, 20.0)]
+    rows += [Row(f"layercycle {w} {n}", w, 5.0, speed, 20.0, window_rss_mb=100.0 * (w or 30), numerics=n)
+             for w, n, speed in [(4, "exact", 90.0), (4, "llama-cpp", 80.0), (0, "exact", 100.0),
+                                 (0, "llama-cpp", 88.0)]]
+    path = tmp_path / "plot.png"
+    plot({"smollm2-135m": rows}, {"smollm2-135m": 30}, path)
+    assert path.stat().st_size > 1000

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from pipeline.gguf_io.activation_quants import block_mins, product
 from pipeline.gguf_io.dequant import dequantize
 from pipeline.gguf_io.ggml_types import type_named
-from pipeline.model.llama_cpp_numerics import GGMLWeight, as_read, gelu_tanh, kv_cached, set_numerics
+from pipeline.model.llama_cpp_numerics import GGMLWeight, as_read, gelu_tanh, kv_cached, set_numerics, shared_input
 
 from .ggml_reference import ggml_quantize
 from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline
@@ -48,6 +48,18 @@ def test_a_weights_rows_and_experts_multiply_as_ggml(type_name, llama_cpp):
         expected = product(x, plain, None, weight.dot_type, m)
         assert torch.equal(F.linear(x, weight), expected), name
         assert (F.linear(x, plain) - expected).abs().max() > 1e-3, name   # the emulation changes the product
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q8_0"])
+def test_weights_sharing_an_input_multiply_as_each_alone(type_name, llama_cpp):
+    """q, k and v (gate and up) quantize their input once: the products are those of each alone."""
+    raw, values = experts(type_name)
+    w = as_read(values, raw, type_named(type_name))
+    x = torch.randn(5, 256) * 3
+    linear = shared_input(x, w[0], w[2])
+    for e in (0, 2):
+        assert torch.equal(linear(w[e]), F.linear(x, w[e]))
+    assert not torch.equal(linear(w[0]), F.linear(x, values[0]))   # and they are emulated
 
 
 def test_a_product_it_does_not_emulate_is_refused(llama_cpp):
@@ -106,13 +118,13 @@ def test_smollm2_moves_to_llama_perplexitys_default_figure(tmp_path):
 
 
 def test_numerics_a_family_does_not_emulate_or_in_16_bits_are_refused_in_one_line(tmp_path, model_path):
+    from pipeline.tools.architectures import DEEPSEEK4
     from pipeline.tools.synthetic import Shape, write_synthetic_gguf
-
-    from .test_bench import SYNTHETIC
 
     done = luigi_cli("--model", "smollm2-135m", "--numerics", "llama-cpp", "--compute-dtype", "bfloat16",
                      run_root=tmp_path)
     assert_one_line_error(done, "--numerics llama-cpp computes in float32")
-    moe = write_synthetic_gguf(tmp_path / "moe.gguf", Shape(**SYNTHETIC["qwen3moe"]), model_path("smollm2-135m"))
-    done = luigi_cli("--model", str(moe), "--numerics", "llama-cpp", run_root=tmp_path)
-    assert_one_line_error(done, "--numerics llama-cpp is not emulated for the qwen3moe architecture")
+    shape = {k: v for k, v in DEEPSEEK4.items() if k != "tokenizer_from"}
+    ds4 = write_synthetic_gguf(tmp_path / "ds4.gguf", Shape(**shape), model_path("smollm2-135m"))
+    done = luigi_cli("--model", str(ds4), "--numerics", "llama-cpp", run_root=tmp_path)
+    assert_one_line_error(done, "--numerics llama-cpp is not emulated for the deepseek4 architecture")

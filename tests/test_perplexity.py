@@ -2,23 +2,21 @@
 (tests/data/llama-perplexity.md), and cycled == whole, bit for bit, on the CPU."""
 import pytest
 
-from .helpers import HEAD40K, MODELS, run_pipeline
+from .helpers import HEAD40K, run_pipeline
 
 # running estimates after each 512-token chunk of head40k (llama-perplexity, ctx 512)
 SMOLLM2_RUNNING = [13.0665, 21.4582, 22.6003, 22.8855, 22.3709, 22.5590, 23.2911, 24.5958]
-AFTER_8_CHUNKS = {"smollm2-135m": 24.5958, "gemma3-270m": 18.1556, "qwen2.5-0.5b": 35.6528}
 # llama.cpp quantizes activations to 8 bits in its matrix products; float32 sits 0.5-0.9% away
 REL_TOL = 0.015
 
 
-@pytest.mark.parametrize("alias", MODELS)
-def test_ppl_matches_llama_perplexity(alias, tmp_path):
-    r = run_pipeline(tmp_path, model=alias, task="wikitext-2", corpus=str(HEAD40K), ctx=512, chunks=8)
+def test_ppl_matches_llama_perplexity(tmp_path):
+    """On SmolLM2 (every family's tiny member is checked against llama-perplexity token by token in
+    the conformance matrix, and the bench puts each registered model beside it)."""
+    r = run_pipeline(tmp_path, model="smollm2-135m", task="wikitext-2", corpus=str(HEAD40K), ctx=512, chunks=8)
     assert r["chunks"] == 8 and r["tokens_scored"] == 8 * 255
-    assert r["ppl"] == pytest.approx(AFTER_8_CHUNKS[alias], rel=REL_TOL)
-    if alias == "smollm2-135m":
-        running = [w["running_ppl"] for w in r["per_window"]]
-        assert running == pytest.approx(SMOLLM2_RUNNING, rel=REL_TOL)
+    running = [w["running_ppl"] for w in r["per_window"]]
+    assert running == pytest.approx(SMOLLM2_RUNNING, rel=REL_TOL)
     assert r["placement"][0]["first"] == 0 and {w["device"] for w in r["placement"]} == {"cpu"}
     assert {w["expert_slices"] for w in r["placement"]} == {1}
     assert r["model"]["n_layers"] == r["placement"][-1]["last"]

@@ -271,8 +271,11 @@ class PerplexityRun(RunTask):
 
     def score_tasks(self, check_memory: bool = True) -> list:
         """The Score task of each shard (one unless --shards)."""
+        from ..model.llama_cpp_numerics import set_numerics
+
         self.check_renamed()
         self.check_numerics()
+        set_numerics(self.numerics, self.spec().gguf.architecture)   # the preflight counts what the mode computes
         self.check_shards()
         self.check_kl_options()
         file_base = self.file_base()

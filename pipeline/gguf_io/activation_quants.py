@@ -116,6 +116,11 @@ def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, do
     for `dot_type`. A Q8_1 row's blocks carry their sum as fp16(scale x sum of the quants), which
     ggml multiplies by the weight's block minima (`mins` [N, K/32], block_mins); the dequantized
     product takes fp16(scale) x sum instead, so the difference is added through them."""
-    values, sum_error = product_input(x, dot_type)
+    return input_product(*product_input(x, dot_type), weight, bias, mins)
+
+
+def input_product(values: torch.Tensor, sum_error: torch.Tensor | None, weight: torch.Tensor,
+                  bias: torch.Tensor | None, mins: torch.Tensor | None) -> torch.Tensor:
+    """product() of an input already quantized: product_input's (values, sum_error)."""
     y = F.linear(values, weight, bias)                                # [..., N]
     return y if sum_error is None else y.add_(F.linear(sum_error, mins))

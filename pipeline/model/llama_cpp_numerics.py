@@ -17,12 +17,15 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
-from ..gguf_io.activation_quants import VEC_DOT_TYPE, block_mins, product
+from ..gguf_io.activation_quants import VEC_DOT_TYPE, block_mins, input_product, product, product_input
 from ..gguf_io.ggml_types import GGMLType
 
 MODES = ("exact", "llama-cpp")
-# the families whose every layer form is checked against llama-perplexity's default command
-EMULATED = frozenset({"llama", "qwen2", "gemma3"})
+# the architectures not checked against llama-perplexity's default command (every other one is, in
+# the conformance matrix), and why
+UNLOADED = "the llama.cpp it is checked against (llama-cpp-python 0.3.36) cannot load its test model"
+NOT_EMULATED = {"qwen35": UNLOADED, "qwen35moe": UNLOADED, "nemotron_h": UNLOADED, "ernie4_5-moe": UNLOADED,
+                "deepseek4": "its compressed attention's cache and grouped output products are not emulated"}
 
 _mode = "exact"
 
@@ -35,9 +38,9 @@ def set_numerics(mode: str, architecture: str) -> None:
 
 
 def check_emulated(mode: str, architecture: str) -> None:
-    if mode == "llama-cpp" and architecture not in EMULATED:
+    if mode == "llama-cpp" and architecture in NOT_EMULATED:
         raise UserError(f"--numerics llama-cpp is not emulated for the {architecture} architecture "
-                        f"(emulated: {', '.join(sorted(EMULATED))}); use --numerics exact")
+                        f"({NOT_EMULATED[architecture]}); use --numerics exact")
 
 
 def emulating() -> bool:
@@ -56,6 +59,17 @@ def as_read(t: torch.Tensor, raw: np.ndarray, qtype: GGMLType) -> torch.Tensor:
     return GGMLWeight(t, dot_type, None if mins is None else mins.to(t.device))
 
 
+def shared_input(x: torch.Tensor, *weights: torch.Tensor):
+    """linear(w, b) -> F.linear(x, w, b) for weights that take one input (q, k and v; gate and up).
+    In llama-cpp numerics, where they are weights of one dot type, x is quantized for them once:
+    ggml quantizes it for each product alike, so the products are the same, at a third or half the
+    quantizing (the quantized copy is held while `linear` is)."""
+    if emulating() and all(isinstance(w, GGMLWeight) for w in weights) and len({w.dot_type for w in weights}) == 1:
+        values, sum_error = product_input(x, weights[0].dot_type)
+        return lambda w, b=None: input_product(values, sum_error, plain_values(w), plain_values(b), w.mins)
+    return lambda w, b=None: F.linear(x, w, b)
+
+
 def kv_cached(t: torch.Tensor) -> torch.Tensor:
     """Keys or values as attention reads them from the cache: in llama-cpp numerics rounded to float16."""
     return t.to(torch.float16).to(t.dtype) if emulating() else t
@@ -70,7 +84,9 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x <= -10, 0.0, torch.where(x >= 10, x.float(), table)).to(x.dtype)
 
 
-def _plain(t):
+def plain_values(t):
+    """A weight a layer uses as values rather than in a product (ggml casts it to float32 first,
+    as qwen4exp's n-gram convolution kernel): the tensor without its emulation."""
     return t.as_subclass(torch.Tensor) if isinstance(t, GGMLWeight) else t
 
 
@@ -105,9 +121,9 @@ class GGMLWeight(torch.Tensor):
             x, w, bias = (*args, None)[:3] if len(args) >= 2 else (args[0], kwargs["weight"], None)
             bias = kwargs.get("bias", bias)
             if isinstance(w, GGMLWeight) and not isinstance(x, GGMLWeight):
-                return product(x, _plain(w), _plain(bias), w.dot_type, w.mins)
+                return product(x, plain_values(w), plain_values(bias), w.dot_type, w.mins)
         with torch._C.DisableTorchFunctionSubclass():
-            out = func(*map(_plain, args), **{k: _plain(v) for k, v in kwargs.items()})
+            out = func(*map(plain_values, args), **{k: plain_values(v) for k, v in kwargs.items()})
         if args and isinstance(args[0], GGMLWeight) and func in ROW_VIEWS:
             return args[0].rows_of(func, out, args[1:], kwargs)
         if args and isinstance(args[0], GGMLWeight) and func in SAME_VALUES:

@@ -17,7 +17,10 @@ through the Luigi tasks, and fails for an architecture of the registry that has 
 - bfloat16: the mean NLL within the member's bound of float32 (twice what it measured, at least
   0.004 nats, on random ids of the tiny vocabulary);
 - preflight: the memory the preflight counts for a batch is at least the measured peak of a
-  real-width layer of each layer kind and at most twice it (tests/test_activation_memory.py).
+  real-width layer of each layer kind and at most twice it (tests/test_activation_memory.py);
+- llama-cpp numerics: the member in 8 bits gives llama-perplexity's NLL (within 1e-3) on at least
+  10% of the tokens of 32 chunks, where exact numerics do not (tests/numerics_reference.py holds
+  llama-perplexity's); an architecture not checked so is refused in that mode.
 """
 import sys
 from dataclasses import dataclass, field
@@ -158,13 +161,15 @@ MATRIX: list[Member] = [
 
 def table() -> list[str]:
     """ARCHITECTURES.md's matrix: a row per architecture of the registry, a column per cell."""
+    from ..model.llama_cpp_numerics import NOT_EMULATED
+
     lines = ["| architecture | family | tiny models | cycled | split | sliced | shards, resume | "
-             "bfloat16 (nats: bound / measured) | preflight at real width |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "bfloat16 (nats: bound / measured) | preflight at real width | llama-cpp numerics |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for arch, family in sorted(ARCHITECTURES.items()):
         members = [m for m in MATRIX if m.architecture == arch]
         if not members:
-            lines.append(f"| {arch} | {family.__name__} | none | | | | | | |")
+            lines.append(f"| {arch} | {family.__name__} | none | | | | | | | |")
             continue
         names = ", ".join(m.name + (" (synthetic)" if m.synthetic else "") for m in members)
         if not any(m.experts for m in members):
@@ -175,7 +180,9 @@ def table() -> list[str]:
             sliced = "held whole: a budget below the layer is refused"
         bounds = ", ".join(f"{m.bfloat16_nats:g} / {m.measured:.4f}" for m in members)
         preflight = f"yes ({PREFLIGHT_MEASURED[arch]})"
-        lines.append(f"| {arch} | {family.__name__} | {names} | yes | yes | {sliced} | yes | {bounds} | {preflight} |")
+        numerics = f"refused: {NOT_EMULATED[arch]}" if arch in NOT_EMULATED else "yes"
+        lines.append(f"| {arch} | {family.__name__} | {names} | yes | yes | {sliced} | yes | {bounds} | {preflight} "
+                     f"| {numerics} |")
     return lines
 
 

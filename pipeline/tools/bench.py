@@ -45,11 +45,16 @@ class Row:
     device: str = "cpu"         # where it ran (llama-perplexity is built for the CPU; layercycle: its windows' devices)
     process_rss_mb: float = 0.0  # peak RSS of the whole process (tree), sampled from outside
     placement: str = ""         # layercycle: the windows it ran
+    numerics: str = "exact"     # layercycle: its --numerics
 
 
 def load_config(path: Path) -> dict:
+    """A bench config; one that names a `base` (a config beside it) takes that one's keys where it
+    sets none."""
     with open(path, "rb") as f:
         cfg = tomllib.load(f)
+    if "base" in cfg:
+        cfg = load_config(path.parent / cfg.pop("base")) | cfg
     if "corpus" in cfg:
         cfg["corpus"] = str((REPO_ROOT / cfg["corpus"]).resolve())
     return cfg
@@ -152,13 +157,14 @@ def layercycle_once(alias: str, model: Path, window: int | str, cfg: dict, numer
             reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
             if "ERROR: layercycle:" not in reason:
                 raise UserError(f"layercycle failed on {alias}: {reason}")
-            return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1])
+            return Row(name, window, wall, 0.0, float("nan"), refused=reason.split("ERROR: layercycle: ")[-1],
+                       numerics=numerics)
         manifests = [json.loads(p.read_text()) for p in root.glob("*/*/manifest.json")]
         result = json.loads((root / "result.json").read_text())
     windows = [m for m in manifests if m["task"] == "LayerWindow"]
     return Row(name, window, wall, cfg["chunks"] * cfg["ctx"] / wall, result["ppl"],
                device="+".join(sorted({w["device"] for w in result["placement"]})), process_rss_mb=rss,
-               placement=result["placement_text"],
+               placement=result["placement_text"], numerics=numerics,
                window_rss_mb=max(m["peak_rss_mb"] for m in windows),
                peak_rss_mb=max(m["peak_rss_mb"] for m in manifests if m["task"] != "Tokenize"),
                boundary_mb=statistics.mean(m["bytes_written"] for m in windows) / 2**20, split=_split(manifests))
@@ -215,12 +221,15 @@ def plot(results: dict[str, list[Row]], n_layers: dict[str, int], path: Path) ->
         raise UserError("the plot needs matplotlib: pip install -e '.[plot]'") from None
     fig, (speed, memory) = plt.subplots(1, 2, figsize=(11, 4))
     for alias, rows in results.items():
-        cycled = sorted((r.window or n_layers[alias], r) for r in rows if isinstance(r.window, int) and not r.refused)
-        xs = [x for x, _ in cycled]
-        speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=alias)
+        for numerics in dict.fromkeys(r.numerics for r in rows if r.window is not None):   # a line each, in order
+            cycled = sorted(((r.window or n_layers[alias], r) for r in rows
+                             if isinstance(r.window, int) and not r.refused and r.numerics == numerics),
+                            key=lambda pair: pair[0])
+            xs, label = [x for x, _ in cycled], alias if numerics == "exact" else f"{alias}, {numerics} numerics"
+            speed.plot(xs, [r.tokens_per_s for _, r in cycled], marker="o", label=label)
+            memory.plot(xs, [r.window_rss_mb for _, r in cycled], marker="o", label=label)
         if rows[0].window is None:
             speed.axhline(rows[0].tokens_per_s, linestyle="--", linewidth=1, color=speed.lines[-1].get_color())
-        memory.plot(xs, [r.window_rss_mb for _, r in cycled], marker="o", label=alias)
     speed.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="tokens/s",
               title="tokens/s (dashed: llama-perplexity)")
     memory.set(xlabel="layers per window (rightmost: whole trunk)", ylabel="MB", title="peak RSS of a window task")

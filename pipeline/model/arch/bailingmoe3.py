@@ -72,7 +72,7 @@ class HeadGatedLatentAttention(LatentAttention):
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         q, k, v, _ = self.project(x, tables)
-        y = self.attend(q, k, v, tables)                                         # [B, H, T, value_dim]
+        y = self.values(self.attend(q, k, v, tables))                            # [B, H, T, value_dim]
         B, H, T, _ = y.shape
         gate = torch.sigmoid(wide(F.linear(x, self.w["gate"]))).to(y.dtype)    # [B, T, H (x value_dim)]
         return self.output(y * gate.view(B, T, H, -1).transpose(1, 2))

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..llama_cpp_numerics import kv_cached
+from ..llama_cpp_numerics import emulating, kv_cached, shared_input
 from .rope import RopeSpec, apply_rope
 
 # the float32 scores of one block of queries (three tensors of them: scores, their transform,
@@ -119,6 +119,7 @@ class Attention(Weights):
     `gate` projection of its own, one gate per value or per head), sigmoid(gate) x the heads'
     outputs before the output projection (`own_gate` of a gate projection of its own)."""
     own_gate = staticmethod(torch.sigmoid)
+    flash = True   # llama.cpp computes it with flash attention (BlockwiseAttention's False: without)
 
     def __init__(self, w: dict[str, torch.Tensor | None], spec: AttentionSpec, eps: float):
         super().__init__(w)
@@ -136,22 +137,23 @@ class Attention(Weights):
         # x: [B, T, hidden]
         B, T, _ = x.shape
         w, s = self.w, self.spec
-        q, k = F.linear(x, w["q"], w.get("q_bias")), F.linear(x, w["k"], w.get("k_bias"))
+        linear = shared_input(x, w["q"], w["k"], w["v"])
+        q, k = linear(w["q"], w.get("q_bias")), linear(w["k"], w.get("k_bias"))
         if s.qk_norm_across_heads:
             q, k = rms_norm(q, w["q_norm"], self.eps), rms_norm(k, w["k_norm"], self.eps)
         q = q.view(B, T, s.n_head, -1)
         if s.gated:
             q, gate = q[..., :s.key_dim], q[..., s.key_dim:].reshape(B, T, s.n_head * s.value_dim)
         k = k.view(B, T, s.n_kv, s.key_dim)
-        v = F.linear(x, w["v"], w.get("v_bias")).view(B, T, s.n_kv, s.value_dim)
+        v = linear(w["v"], w.get("v_bias")).view(B, T, s.n_kv, s.value_dim)
+        del linear
         if "q_norm" in w and not s.qk_norm_across_heads:
             q, k = self.head_norm(q, w["q_norm"]), self.head_norm(k, w["k_norm"])
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
         if s.rope is not None:
             cos, sin = tables.rope(s.rope)
             q, k = apply_rope(q, cos, sin, s.rope), apply_rope(k, cos, sin, s.rope)
-        if s.unit_qk_norm:
-            q, k = rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)
+        q, k = self.after_rope(q, k)
         if s.temperature is not None:
             q = q * tables.temperature(s.temperature)       # [T, 1]
         k, v = kv_cached(k), kv_cached(v)                  # as the cache holds them
@@ -163,6 +165,13 @@ class Attention(Weights):
             gate = self.own_gate(F.linear(x, w["gate"]))                   # [B, T, heads x value_dim] or [B, T, heads]
             y = (y.view(B, T, s.n_head, -1) * gate.view(B, T, s.n_head, -1)).view(B, T, -1)
         return F.linear(y, w["o"], w.get("o_bias"))
+
+    def after_rope(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotated heads q [B, H, T, D], k [B, KV, T, D] as attention takes them (and the cache
+        holds the keys): normed to unit RMS where the spec says so; a family's attention overrides it."""
+        if self.spec.unit_qk_norm:
+            return rms_norm(q, None, self.eps), rms_norm(k, None, self.eps)
+        return q, k
 
     def head_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Each head of x [B, T, heads, D] normed (QK-norm per head): RMSNorm; a family's attention
@@ -197,7 +206,10 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, **kw) 
 class BlockwiseAttention(Attention):
     """Attention whose scores SDPA cannot express (sinks, soft-capped logits): float32 scores
     formed here, a block of queries at a time (at most SCORE_BLOCK_BYTES of them), and turned
-    into the weights of the values by the form's `probabilities`."""
+    into the weights of the values by the form's `probabilities`. In llama-cpp numerics, a family
+    whose attention llama.cpp computes without flash attention (`flash = False`) has its queries
+    and the weights of the values rounded to float16, as ggml's products with the float16 cache
+    take them."""
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tables,
                selected: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,6 +223,9 @@ class BlockwiseAttention(Attention):
         positions = torch.arange(T, device=q.device)
         rows = max(1, SCORE_BLOCK_BYTES // (3 * 4 * B * H * T))
         k, v = k.float(), v.float()            # scores, softmax and their sum over values in float32, as SDPA's
+        unfused = emulating() and not self.flash
+        if unfused:
+            q = q.half().to(q.dtype)
         out = []
         for a in range(0, T, rows):
             b = min(a + rows, T)                   # queries [a, b) see keys before b at most
@@ -218,7 +233,10 @@ class BlockwiseAttention(Attention):
             seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
             if selected is not None:
                 seen = seen & selected[:, :, None, a:b, :b]                                # [B, KV, 1, b-a, b]
-            out.append((self.probabilities(scores, seen) @ v[..., :b, :]).to(q.dtype))   # [B, KV, G, b-a, D]
+            weights = self.probabilities(scores, seen)
+            if unfused:
+                weights = weights.half().float()
+            out.append((weights @ v[..., :b, :]).to(q.dtype))                                # [B, KV, G, b-a, D]
         return torch.cat(out, dim=-2).reshape(B, H, T, v.shape[-1])
 
     def probabilities(self, scores: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:

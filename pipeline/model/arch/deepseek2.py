@@ -10,7 +10,10 @@ joined at load into one [heads x (nope + value), rank] matrix, the `attn_kv_b` t
 hold, so that the decompression is one matrix product. Queries and keys are (nope dim + rope
 dim) wide, values `value_length_mla`. The product is the same as llama.cpp's absorbed form (K_b
 folded into Q, V_b applied after attention); it is computed decompressed, which costs less for a
-whole sequence.
+whole sequence. In llama-cpp numerics a file of split `attn_k_b` and `attn_v_b` is computed
+absorbed, as llama.cpp computes it: its products' inputs (each head's query, each head's output
+over the latent) and its cache (the normed latent beside the RoPE key) are rounded where
+llama.cpp's are.
 RoPE pairs consecutive values. With YaRN the attention scale is mscale^2 / sqrt(head size),
 mscale = 1 + 0.1 * mscale_all_dim * ln(factor) (`rope.scaling.yarn_log_mul` holds 0.1 x that).
 """
@@ -24,6 +27,7 @@ from gguf import Keys
 from torch import nn
 
 from ...errors import UserError
+from ..llama_cpp_numerics import emulating, kv_cached
 from .blocks import Attention, AttentionSpec, rms_norm
 from .family import DecoderArch, HParams, LayerSpec
 from .loading import BlockTensors
@@ -45,11 +49,12 @@ class LatentAttention(Attention):
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         q, k, v, q_a = self.project(x, tables)
-        return self.output(self.attend(q, k, v, tables))
+        return self.output(self.values(self.attend(q, k, v, tables)))
 
     def project(self, x: torch.Tensor, tables):
         """x [B, T, hidden] -> q, k [B, H, T, nope + rope], v [B, H, T, value_dim] and the normed
-        query latent [B, T, q rank] (None in a "lite" file)."""
+        query latent [B, T, q rank] (None in a "lite" file); absorbed (`k_b` held), q and k [B, H,
+        T, rank + rope] and v [B, H, T, rank], the keys and values one latent for every head (a view)."""
         B, T, _ = x.shape
         w, s = self.w, self.spec
         rope: RopeSpec | None = s.rope
@@ -59,22 +64,49 @@ class LatentAttention(Attention):
         rope_dim = w["kv_a"].shape[0] - self.kv_rank                                # the decoupled key's width
         kv, k_pe = F.linear(x, w["kv_a"]).split([self.kv_rank, rope_dim], dim=-1)  # [B, T, rank], [B, T, rope]
         kv = rms_norm(kv, w["kv_a_norm"], self.eps)                                 # [B, T, rank]
-        k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
-            [s.key_dim - rope_dim, s.value_dim], dim=-1)                             # [B, H, T, nope], [.., value]
+        q_nope, q_pe = q.split([s.key_dim - rope_dim, rope_dim], dim=-1)
+        if "k_b" in w:   # absorbed: each head's query taken into the latent, which is every head's key and value
+            q_nope, k_nope, v = per_head(q_nope, w["k_b"]), kv[:, None], kv[:, None]   # [B, H | 1, T, rank]
+        else:
+            k_nope, v = F.linear(kv, w["kv_b"]).view(B, T, s.n_head, -1).transpose(1, 2).split(
+                [s.key_dim - rope_dim, s.value_dim], dim=-1)                         # [B, H, T, nope], [.., value]
         if "k_pe_norm" in w:   # dots3note: the shared RoPE key RMS-normed before RoPE
             k_pe = rms_norm(k_pe, w["k_pe_norm"], self.eps)
         k_pe = k_pe[:, None]                                                        # [B, 1, T, rope]
         if rope is not None:   # (Kimi Linear rotates nothing)
             cos, sin = tables.rope(rope)
-            q_nope, q_pe = q.split([s.key_dim - rope_dim, rope_dim], dim=-1)
-            q = torch.cat([q_nope, apply_rope(q_pe, cos, sin, rope)], dim=-1)
-            k_pe = apply_rope(k_pe, cos, sin, rope)
-        return q, torch.cat([k_nope, k_pe.expand(B, s.n_head, T, rope_dim)], dim=-1), v, q_a
+            q_pe, k_pe = apply_rope(q_pe, cos, sin, rope), apply_rope(k_pe, cos, sin, rope)
+        heads = k_nope.shape[1]
+        k = kv_cached(torch.cat([k_nope, k_pe.expand(B, heads, T, rope_dim)], dim=-1))  # as the cache holds them
+        v = kv_cached(v)
+        return torch.cat([q_nope, q_pe], dim=-1), k.expand(B, s.n_head, T, -1), v.expand(B, s.n_head, T, -1), q_a
+
+    def values(self, y: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs of attention as values [B, H, T, value_dim]: absorbed, y [B, H, T,
+        rank] over the latent, each head's `v_b` of it; otherwise y itself."""
+        return per_head(y, self.w["v_b"]) if "v_b" in self.w else y
 
     def output(self, y: torch.Tensor) -> torch.Tensor:
         """The heads' outputs y [B, H, T, value_dim] -> [B, T, hidden]."""
         B, H, T, D = y.shape
         return F.linear(y.transpose(1, 2).reshape(B, T, H * D), self.w["o"])
+
+
+def per_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Each head's own product: x [B, H, T, K], w [H, N, K] -> [B, H, T, N]."""
+    return torch.stack([F.linear(x[:, h], w[h]) for h in range(w.shape[0])], dim=1)
+
+
+def decompression(t: BlockTensors) -> dict[str, torch.Tensor]:
+    """A latent-attention layer's decompression: the file's `attn_kv_b`, or its per-head `attn_k_b`
+    [H, rank, nope] and `attn_v_b` [H, value, rank] joined into one (K_b transposed, then V_b:
+    [H x (nope + value), rank]); in llama-cpp numerics these two as they are, for the absorbed form."""
+    if t.has(MT.ATTN_KV_B):
+        return {"kv_b": t(MT.ATTN_KV_B)}
+    if emulating():
+        return {"k_b": t(MT.ATTN_K_B), "v_b": t(MT.ATTN_V_B)}
+    k_b, v_b = t.unheld(MT.ATTN_K_B), t.unheld(MT.ATTN_V_B)
+    return {"kv_b": t.keep(torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1))}
 
 
 class Deepseek2(DecoderArch):
@@ -129,10 +161,15 @@ class Deepseek2(DecoderArch):
     def activation_floats(self, i: int) -> int:
         """DecoderArch's, and on a latent-attention layer its keys and values decompressed per head,
         the values padded to the keys' size (blocks.sdpa): two key heads a head (measured at hidden
-        2048: 0.89 of the peak without them)."""
+        2048: 0.89 of the peak without them). Computed absorbed (llama-cpp numerics over split
+        `attn_k_b` and `attn_v_b`), three heads of rank + rope dim a head instead: the queries, the
+        keys and the values padded to them, each over the latent."""
         a = self.specs[i].attention
-        return super().activation_floats(i) + (2 * a.n_head * a.key_dim if self.specs[i].mixer == "latent_attention"
-                                               else 0)
+        if self.specs[i].mixer != "latent_attention":
+            return super().activation_floats(i)
+        if emulating() and f"blk.{i}.attn_kv_b.weight" not in self.gguf.tensors:
+            return super().activation_floats(i) + 3 * a.n_head * (self.layer_kv_rank(i) + self.trunk_rope.dim)
+        return super().activation_floats(i) + 2 * a.n_head * a.key_dim
 
     def attention_spec(self, i: int) -> AttentionSpec:
         n_head = int(self.layer_key(Keys.Attention.HEAD_COUNT, i))
@@ -162,12 +199,7 @@ class Deepseek2(DecoderArch):
             w |= {"q_a": t(MT.ATTN_Q_A), "q_a_norm": t(MT.ATTN_Q_A_NORM), "q_b": t(MT.ATTN_Q_B)}
         else:
             w["q"] = t(MT.ATTN_Q)
-        if t.has(MT.ATTN_KV_B):
-            w["kv_b"] = t(MT.ATTN_KV_B)
-        else:   # per head: K_b [rank, nope] transposed, then V_b [value, rank]
-            k_b, v_b = t.unheld(MT.ATTN_K_B), t.unheld(MT.ATTN_V_B)                 # [H, rank, nope], [H, value, rank]
-            w["kv_b"] = t.keep(torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1))  # [H x (nope + value), rank]
-        return LatentAttention(w, spec.attention, self.hp.eps, self.layer_kv_rank(spec.index))
+        return LatentAttention(w | decompression(t), spec.attention, self.hp.eps, self.layer_kv_rank(spec.index))
 
     def check_latent_shapes(self) -> None:
         """Every latent-attention tensor against the heads, head sizes and ranks of the metadata."""

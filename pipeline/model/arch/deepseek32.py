@@ -42,7 +42,7 @@ class SparseLatentAttention(LatentAttention):
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         q, k, v, q_a = self.project(x, tables)
-        return self.output(self.attend_selected(q, k, v, self.select(x, q_a, tables)))
+        return self.output(self.values(self.attend_selected(q, k, v, self.select(x, q_a, tables))))
 
     def attend_selected(self, q, k, v, selected: torch.Tensor) -> torch.Tensor:
         """Attention of each query over its selected keys, selected [B, T, T] bool."""

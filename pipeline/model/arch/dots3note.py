@@ -44,7 +44,7 @@ class GatedLatentAttention(LatentAttention):
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         q, k, v, q_a = self.project(x, tables)
-        return self.gated_output(x, self.attend(q, k, v, tables))
+        return self.gated_output(x, self.values(self.attend(q, k, v, tables)))
 
     def gated_output(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [B, H, T, value_dim] scaled per head by sigmoid(gate x) -> [B, T, hidden]."""
@@ -57,7 +57,7 @@ class GatedSparseLatentAttention(SparseLatentAttention, GatedLatentAttention):
 
     def forward(self, x: torch.Tensor, tables, state=None) -> torch.Tensor:
         q, k, v, q_a = self.project(x, tables)
-        return self.gated_output(x, self.attend_selected(q, k, v, self.select(x, q_a, tables)))
+        return self.gated_output(x, self.values(self.attend_selected(q, k, v, self.select(x, q_a, tables))))
 
 
 class Dots3Note(Deepseek32):

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..llama_cpp_numerics import shared_input
 from .blocks import Weights, wide
 
 # llama.cpp clamps the sum of the chosen weights here before renormalising (smallest normal f16)
@@ -44,10 +45,11 @@ def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: to
     [..., ffn] activations are alive at once."""
     if gate is None:
         return F.linear(act(F.linear(x, up, up_bias)), down, down_bias)
+    linear = shared_input(x, gate, up)
     if glu is not None:
-        return F.linear(glu(F.linear(x, gate, gate_bias), F.linear(x, up, up_bias)), down, down_bias)
-    h = act(F.linear(x, gate, gate_bias))   # [..., ffn]
-    h.mul_(F.linear(x, up, up_bias))        # [..., ffn]
+        return F.linear(glu(linear(gate, gate_bias), linear(up, up_bias)), down, down_bias)
+    h = act(linear(gate, gate_bias))   # [..., ffn]
+    h.mul_(linear(up, up_bias))        # [..., ffn]
     return F.linear(h, down, down_bias)
 
 

@@ -29,6 +29,7 @@ from gguf import Keys
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
 from ...gguf_io.ggml_types import QUANT_SIZES
+from ..llama_cpp_numerics import kv_cached
 from .blocks import Attention, AttentionSpec, Weights, rms_norm, wide
 from .family import FLOAT32_TENSORS, LayerSpec
 from .ffn import MLP, MoE, Routed, route
@@ -52,7 +53,8 @@ class Gemma4Attention(Attention):
             k = F.linear(x, w["k"]).view(B, T, s.n_kv, s.key_dim)
             v = F.linear(x, w["v"]).view(B, T, s.n_kv, s.value_dim) if "v" in w else k   # diff: V from K's projection
             k = apply_rope(self.head_norm(k, w["k_norm"]).transpose(1, 2), cos, sin, s.rope)
-            shared = k, rms_norm(v, None, self.eps).transpose(1, 2)                  # [B, KV, T, D] each
+            v = rms_norm(v, None, self.eps).transpose(1, 2)
+            shared = kv_cached(k), kv_cached(v)                                      # [B, KV, T, D] each, as cached
         y = self.attend(q, *shared, tables).transpose(1, 2).reshape(B, T, s.n_head * s.value_dim)
         return F.linear(y, w["o"]), shared
 

@@ -39,7 +39,7 @@ class SharedSelectionAttention(SparseLatentAttention):
         q, k, v, q_a = self.project(x, tables)
         if selected is None:
             selected = self.select(x, q_a, tables)
-        return self.output(self.attend_selected(q, k, v, selected)), selected
+        return self.output(self.values(self.attend_selected(q, k, v, selected))), selected
 
 
 class GlmDsaLayer(PreNormLayer):

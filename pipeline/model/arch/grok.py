@@ -27,6 +27,12 @@ LOGIT_SCALE, EMBEDDING_SCALE, ATTENTION_SCALE = 0.5773502691896257, 78.383671769
 ATTENTION_CAP, YARN_BETA_FAST, YARN_BETA_SLOW = 30.0, 8.0, 1.0
 
 
+class UnfusedSoftCappedAttention(SoftCappedAttention):
+    """Grok's soft-capped attention: llama.cpp forces its flash attention off for this architecture
+    (llama-context.cpp), so that in llama-cpp numerics its queries and softmax weights are rounded."""
+    flash = False
+
+
 class ResidualMoE(ScaledSumMoE):
     """Grok-2's experts beside a dense MLP (the `shared` block), their sum scaled by sqrt(2) / 2."""
     sum_scale = math.sqrt(2) / 2
@@ -108,7 +114,7 @@ class Grok(DecoderArch):
 
     def attention(self, spec: AttentionSpec, t: BlockTensors) -> SoftCappedAttention:
         cap = float(self.key(Keys.LLM.ATTN_LOGIT_SOFTCAPPING, ATTENTION_CAP))
-        return SoftCappedAttention(self.attention_weights(spec, t), spec, self.hp.eps, cap)
+        return UnfusedSoftCappedAttention(self.attention_weights(spec, t), spec, self.hp.eps, cap)
 
     def moe(self, i: int, t: BlockTensors) -> ResidualMoE:
         dense = None

@@ -25,10 +25,9 @@ class NormAfterRopeAttention(Attention):
     def head_norm(self, x, weight):
         return x   # diff: not before RoPE ...
 
-    def attend_from(self, x, q, k, v, tables):
+    def after_rope(self, q, k):
         # ... but here, on the rotated heads q [B, H, T, D], k [B, KV, T, D]
-        q, k = rms_norm(q, self.w["q_norm"], self.eps), rms_norm(k, self.w["k_norm"], self.eps)
-        return super().attend_from(x, q, k, v, tables)
+        return rms_norm(q, self.w["q_norm"], self.eps), rms_norm(k, self.w["k_norm"], self.eps)
 
 
 class WholeHeadRope:

@@ -32,7 +32,7 @@ from gguf import Keys
 
 from ...errors import UserError
 from .blocks import SCORE_BLOCK_BYTES, BlockwiseAttention, Weights, blockwise_score_bytes, layer_norm, rms_norm
-from .deepseek2 import Deepseek2
+from .deepseek2 import Deepseek2, decompression
 from .deepseek4 import rotate_tail
 from .family import FLOAT32_TENSORS, HyperConnections, LayerSpec
 from .ffn import swiglu_clamp
@@ -78,6 +78,7 @@ class GatedSinkLatentAttention(SharedSelectionAttention):
         if self.top_k and selected is None:
             selected = self.select(x, q_a, tables)
         y = BlockwiseAttention.attend(self, q, k, v, tables, None if selected is None else selected[:, None])
+        y = self.values(y)                                                        # [B, H, T, value_dim]
         B, H, T, D = y.shape
         y = y.transpose(1, 2).reshape(B, T, H * D) * torch.sigmoid(F.linear(x, self.w["gate"]))
         return F.linear(y, self.w["o"]), selected
@@ -207,10 +208,8 @@ class HyV4(HyperConnections, Deepseek2):
                 expect(self, p + kind + ".weight", shape, why, required=True)
 
     def mixer(self, spec: LayerSpec, t: BlockTensors) -> GatedSinkLatentAttention:
-        k_b, v_b = t.unheld(MT.ATTN_K_B), t.unheld(MT.ATTN_V_B)         # [H, rank, nope], [H, value, rank]
         w = {"q_a": t(MT.ATTN_Q_A), "q_a_norm": t(MT.ATTN_Q_A_NORM), "q_b": t(MT.ATTN_Q_B),
-             "kv_a": t(MT.ATTN_KV_A_MQA), "kv_a_norm": t(MT.ATTN_KV_A_NORM),
-             "kv_b": t.keep(torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1)),
+             "kv_a": t(MT.ATTN_KV_A_MQA), "kv_a_norm": t(MT.ATTN_KV_A_NORM), **decompression(t),
              "o": t(MT.ATTN_OUT), "gate": t(MT.ATTN_GATE), "sinks": t(MT.ATTN_SINKS)}
         index = (0, 0)
         if self.top_k and self.indexer_full(spec.index):

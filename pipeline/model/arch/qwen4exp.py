@@ -35,6 +35,7 @@ from torch import nn
 
 from ...errors import UserError
 from ...gguf_io.dequant import dequantize
+from ..llama_cpp_numerics import plain_values
 from .blocks import Attention, AttentionSpec, Weights, rms_norm
 from .family import COMPRESS_RATIOS, FLOAT32_TENSORS, HyperConnections, LayerSpec
 from .loading import BlockTensors, read_tensor
@@ -296,7 +297,7 @@ class Qwen4Exp(HyperConnections, Qwen35):
         ngram = None
         if spec.index == self.ple_layer:
             n, H = self.count, self.hp.hidden
-            w = {"key": t("ple_key"), "value": t("ple_value"), "conv": t("ple_conv1d"),
+            w = {"key": t("ple_key"), "value": t("ple_value"), "conv": plain_values(t("ple_conv1d")),
                  **{f"norm_{k}": t(f"ple_norm_{k}").view(n, H) for k in ("key", "query", "conv")}}
             ngram = NGramInjection(w, self.hp.eps, int(self.key(PLE_NGRAM)))
         return Qwen4ExpLayer(spec, self.hp.eps, self.count, self.hp.hidden, ngram=ngram,

@@ -87,38 +87,52 @@ def yarn_corr_dims(dim: int, n_ctx_orig: int, base: float, beta_fast: float, bet
     return max(0.0, math.floor(corr_dim(beta_fast))), min(dim - 1.0, math.ceil(corr_dim(beta_slow)))
 
 
-def ggml_angles(spec: RopeSpec, n_pos: int, factors: tuple[float, ...] | None) -> torch.Tensor:
-    """pos x base^(-2k/dim) / factor_k [n_pos, dim / 2] (float64 of float32 values) as ggml-cpu's
-    rope cache forms it: the angle of each pair the last one's times powf(base, -2 / dim), rounded
-    to float32 at every step, then divided by the pair's frequency factor; 0 for unrotated pairs."""
+def ggml_tables(spec: RopeSpec, n_pos: int, factors: tuple[float, ...] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [n_pos, dim / 2] float32 as ggml-cpu's rope cache forms them, in float32 throughout:
+    each pair's angle the last one's times powf(base, -2 / dim), divided by its frequency factor (0
+    for unrotated pairs); times freq_scale (1 / scale), blended with the unscaled angle along
+    YaRN's ramp (rope_yarn); cosf and sinf of it times mscale."""
+    f32 = torch.float32
     step = torch.tensor(spec.base, dtype=torch.float64).pow(-2.0 / spec.dim).float()
-    theta = [torch.arange(n_pos, dtype=torch.float32)]
+    theta = [torch.arange(n_pos, dtype=f32)]
     for _ in range(spec.dim // 2 - 1):
         theta.append(theta[-1] * step)
-    angles = torch.stack(theta, dim=1)
+    extrap = torch.stack(theta, dim=1)                                                  # [n_pos, dim / 2]
     if factors is not None:
-        angles = angles / torch.tensor(factors, dtype=torch.float32)
-    angles[:, list(spec.unrotated)] = 0.0
-    return angles.double()
+        extrap = extrap / torch.tensor(factors, dtype=f32)
+    extrap[:, list(spec.unrotated)] = 0.0
+    freq_scale = torch.tensor(1.0 / spec.scale, dtype=f32)
+    angles = freq_scale * extrap
+    mscale = torch.tensor(spec.mscale if spec.yarn is None else spec.yarn.attn_factor, dtype=f32)
+    if spec.yarn is not None and spec.yarn.ext_factor:
+        y = spec.yarn
+        low, high = yarn_corr_dims(spec.dim, y.n_ctx_orig, spec.base, y.beta_fast, y.beta_slow)
+        k = torch.arange(spec.dim // 2, dtype=f32)
+        mix = (1 - ((k - low) / max(0.001, high - low)).clamp(0, 1)) * y.ext_factor          # [dim / 2]
+        angles = angles * (1 - mix) + extrap * mix
+        mscale = mscale * (1 + 0.1 * torch.log(1 / freq_scale))
+    angles = angles.double()                                       # cosf and sinf: correctly rounded
+    return angles.cos().float() * mscale, angles.sin().float() * mscale
 
 
 def rope_tables(spec: RopeSpec, n_pos: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin of shape [n_pos, dim / 2], computed in float64 (in llama-cpp numerics from ggml's
-    float32 angles)."""
-    inv = spec.base ** (-torch.arange(0, spec.dim, 2, dtype=torch.float64) / spec.dim)    # [dim / 2]
+    """cos, sin of shape [n_pos, dim / 2], computed in float64 (in llama-cpp numerics as ggml-cpu
+    computes them: ggml_tables)."""
     factors = frequency_factors(spec, n_pos)
+    if emulating():
+        return tuple(t.to(device, dtype) for t in ggml_tables(spec, n_pos, factors))
+    inv = spec.base ** (-torch.arange(0, spec.dim, 2, dtype=torch.float64) / spec.dim)    # [dim / 2]
     if factors is not None:
         inv = inv / torch.tensor(factors, dtype=torch.float64)
     if spec.unrotated:
         inv[list(spec.unrotated)] = 0.0
     pos = torch.arange(n_pos, dtype=torch.float64)
-    ggml = ggml_angles(spec, n_pos, factors) if emulating() else None                     # [n_pos, dim / 2]
     if spec.yarn is None:
-        angles = torch.outer(pos / spec.scale, inv) if ggml is None else ggml / spec.scale
+        angles = torch.outer(pos / spec.scale, inv)
         mscale = spec.mscale
     else:
         y = spec.yarn
-        extrap = torch.outer(pos, inv) if ggml is None else ggml
+        extrap = torch.outer(pos, inv)
         interp = extrap / spec.scale
         low, high = yarn_corr_dims(spec.dim, y.n_ctx_orig, spec.base, y.beta_fast, y.beta_slow)
         k = torch.arange(spec.dim // 2, dtype=torch.float64)
