@@ -8,6 +8,10 @@ Three things differ, and each is emulated where it happens:
   `-ctk f16 -ctv f16`); its CPU flash attention (on by default, `-fa auto`) then computes in
   float32 from them, its queries unrounded (ggml-cpu's tiled flash_attn_ext);
 - GELU: ggml-cpu reads it from a float16 table (GGML_GELU_FP16).
+Where llama.cpp's graph computes a layer otherwise than the exact mode does, the family follows it
+in this mode: latent attention absorbed over split attn_k_b and attn_v_b (arch/deepseek2.py),
+Grok's attention without flash attention (arch/grok.py). The tiled flash attention emulated here
+is the kernel ggml-cpu takes for a batch of 64 tokens or more.
 
 The mode is set for the process by each task that computes (`set_numerics`), before it reads
 layers; a family whose layers have not been checked against llama-perplexity in it is refused.
