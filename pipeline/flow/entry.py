@@ -240,14 +240,16 @@ class PerplexityRun(RunTask):
             raise UserError(f"the run's {what} need about {need / GiB:.2f} GiB under {self.run_root} but "
                             f"{free / GiB:.2f} GiB are free")
 
-    def check_numerics(self) -> None:
-        """llama-cpp numerics: a family emulated in them, computed in float32 as llama.cpp's CPU
+    def apply_numerics(self) -> None:
+        """The run's numerics set for this process, so that the preflight counts what they compute;
+        llama-cpp numerics for a family emulated in them, computed in float32 as llama.cpp's CPU
         path computes (the model's and its KL base's)."""
-        from ..model.llama_cpp_numerics import check_emulated
+        from ..model.llama_cpp_numerics import set_numerics
 
         if self.numerics == "exact":
+            set_numerics("exact", "")
             return
-        check_emulated(self.numerics, self.spec().gguf.architecture)
+        set_numerics(self.numerics, self.spec().gguf.architecture)
         device = resolve_device(self.device)
         for dtype in {self.compute_dtype, self.kl_base_dtype or self.compute_dtype}:
             if compute_dtype_name(dtype, device) != "float32":
@@ -271,11 +273,8 @@ class PerplexityRun(RunTask):
 
     def score_tasks(self, check_memory: bool = True) -> list:
         """The Score task of each shard (one unless --shards)."""
-        from ..model.llama_cpp_numerics import set_numerics
-
         self.check_renamed()
-        self.check_numerics()
-        set_numerics(self.numerics, self.spec().gguf.architecture)   # the preflight counts what the mode computes
+        self.apply_numerics()
         self.check_shards()
         self.check_kl_options()
         file_base = self.file_base()

@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 from gguf import MODEL_TENSOR as MT
-from gguf import Keys
+from gguf import TENSOR_NAMES, Keys
 from torch import nn
 
 from ...errors import UserError
@@ -97,14 +97,20 @@ def per_head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return torch.stack([F.linear(x[:, h], w[h]) for h in range(w.shape[0])], dim=1)
 
 
+def absorbed(gguf, i: int) -> bool:
+    """Layer i's latent attention computed absorbed: in llama-cpp numerics, over a file of split
+    `attn_k_b` and `attn_v_b` (no `attn_kv_b`), as llama.cpp computes such a file."""
+    return emulating() and TENSOR_NAMES[MT.ATTN_KV_B].format(bid=i) + ".weight" not in gguf.tensors
+
+
 def decompression(t: BlockTensors) -> dict[str, torch.Tensor]:
     """A latent-attention layer's decompression: the file's `attn_kv_b`, or its per-head `attn_k_b`
     [H, rank, nope] and `attn_v_b` [H, value, rank] joined into one (K_b transposed, then V_b:
-    [H x (nope + value), rank]); in llama-cpp numerics these two as they are, for the absorbed form."""
+    [H x (nope + value), rank]); absorbed, these two as they are."""
+    if absorbed(t.gguf, t.i):
+        return {"k_b": t(MT.ATTN_K_B), "v_b": t(MT.ATTN_V_B)}
     if t.has(MT.ATTN_KV_B):
         return {"kv_b": t(MT.ATTN_KV_B)}
-    if emulating():
-        return {"k_b": t(MT.ATTN_K_B), "v_b": t(MT.ATTN_V_B)}
     k_b, v_b = t.unheld(MT.ATTN_K_B), t.unheld(MT.ATTN_V_B)
     return {"kv_b": t.keep(torch.cat([k_b.transpose(1, 2), v_b], dim=1).flatten(0, 1))}
 
@@ -167,7 +173,7 @@ class Deepseek2(DecoderArch):
         a = self.specs[i].attention
         if self.specs[i].mixer != "latent_attention":
             return super().activation_floats(i)
-        if emulating() and f"blk.{i}.attn_kv_b.weight" not in self.gguf.tensors:
+        if absorbed(self.gguf, i):
             return super().activation_floats(i) + 3 * a.n_head * (self.layer_kv_rank(i) + self.trunk_rope.dim)
         return super().activation_floats(i) + 2 * a.n_head * a.key_dim
 
