@@ -131,7 +131,7 @@ def score_result(scores: list) -> dict:
 def run_mode(scores: list):
     from ..run.modes import mode_of
 
-    return mode_of(scores[0].spec().method.name, bool(scores[0].kl_base))
+    return mode_of(scores[0].spec().method.name, bool(scores[0].kl_base), scores[0].numerics)
 
 
 def _read_all(path: Path) -> np.ndarray:

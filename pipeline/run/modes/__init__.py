@@ -15,9 +15,9 @@ BY_METHOD = {"llama-cpp": Perplexity, "stride": Perplexity, "hellaswag": HellaSw
 CHOICE_METHODS = tuple(name for name, mode in BY_METHOD.items() if issubclass(mode, ChoiceMode))
 
 
-def mode_of(method: str, kl_base: bool = False) -> Mode:
+def mode_of(method: str, kl_base: bool = False, numerics: str = "exact") -> Mode:
     mode = BY_METHOD[method]
-    return KLDivergence() if kl_base and mode is Perplexity else mode()
+    return (KLDivergence if kl_base and mode is Perplexity else mode)(numerics)
 
 
 __all__ = ["Mode", "ModePlan", "ChoiceMode", "mode_of", "Perplexity", "KLDivergence", "HellaSwag", "Winogrande",

@@ -18,6 +18,10 @@ class Mode:
     """A mode knows no window, boundary or device: it sees the run's spec when it plans and
     the scored figures, in plan order, when it reduces."""
     name: str
+    plan_version = 1      # of the plan's rows and attrs: a Tokenize output's identity names any later one
+
+    def __init__(self, numerics: str = "exact"):
+        self.numerics = numerics      # the run's (--numerics): a mode may score as llama-perplexity does in it
 
     def plan(self, spec) -> ModePlan:
         raise NotImplementedError

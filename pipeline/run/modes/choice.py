@@ -20,6 +20,14 @@ class Choice:
     tokens: tuple[int, ...]
     lo: int       # the first scored target position (>= 1: a target is predicted from the one before)
     hi: int       # one past the last
+    # a token placed after the sequence, its target scored from the last token's logits: where
+    # llama-perplexity reads the next choice's first target (Winogrande's FIXME); None: nothing after
+    after: int | None = None
+
+    @property
+    def width(self) -> int:
+        """Positions the sequence takes in its row."""
+        return len(self.tokens) + (self.after is not None)
 
 
 @dataclass(frozen=True)
@@ -27,10 +35,14 @@ class ChoiceTask:
     index: int                     # in the file
     gold: int | tuple[int, ...]    # the right choice, from 0 (multiple choice: the right ones)
     choices: tuple[Choice, ...]
+    # the choice whose first target llama-perplexity reads from the one before's `after` position
+    # (llama-cpp numerics score it so; exact numerics from its own sequence); None: none
+    misread: int | None = None
 
 
 class ChoiceMode(Mode):
     binary = False        # a task file of bytes (multiple choice), else of UTF-8 text
+    plan_version = 2      # 2: rows may hold a target after their choice; attrs give each choice's scored count
 
     def content(self, task, corpus: str, escape: bool = False) -> tuple:
         """(the task file's bytes, or its text as llama-perplexity reads -f, and its label)."""
@@ -58,7 +70,7 @@ class ChoiceMode(Mode):
         available, tasks = tokenized(type(self), str(spec.model_path), text, source, spec.method.chunks,
                                      spec.method.bos)
         ctx, choices = spec.method.ctx, [c for t in tasks for c in t.choices]
-        longest = max(len(c.tokens) for c in choices)
+        longest = max(c.width for c in choices)
         if longest > ctx:
             raise UserError(f"a {self.name} choice is {longest} tokens long, beyond --ctx {ctx}: raise --ctx "
                             f"(or leave it unset: the longest sequence sets it)")
@@ -66,22 +78,31 @@ class ChoiceMode(Mode):
         for r, c in enumerate(choices):
             ids[r, :len(c.tokens)] = c.tokens
             ids[r, len(c.tokens):] = c.tokens[-1]           # padding: after every scored target
-        attrs = {self.name: {"tasks": [{"index": t.index, "gold": t.gold, "choices": len(t.choices)} for t in tasks],
+            if c.after is not None:
+                ids[r, len(c.tokens)] = c.after
+        # a row's scored range covers its choice's targets and the target after it, if any
+        hi = [c.width if c.after is not None else c.hi for c in choices]
+        attrs = {self.name: {"tasks": [{"index": t.index, "gold": t.gold, "scored": [c.hi - c.lo for c in t.choices],
+                                        "misread": t.misread} for t in tasks],
                              "available": available}}
         return ModePlan(np.concatenate([np.asarray(c.tokens, np.int32) for c in choices]),
-                        SequencePlan(ids, np.array([c.lo for c in choices], np.int32),
-                                     np.array([c.hi for c in choices], np.int32), len(choices)), attrs)
+                        SequencePlan(ids, np.array([c.lo for c in choices], np.int32), np.array(hi, np.int32),
+                                     len(choices)), attrs)
 
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
-        tasks, means, row = attrs[self.name]["tasks"], [], 0
+        tasks, means, row, n_scored = attrs[self.name]["tasks"], [], 0, 0
         for task in tasks:
+            rows = scored[row:row + len(task["scored"])]
+            nll = [r[:n, 0] for r, n in zip(rows, task["scored"], strict=True)]
+            if (c := task["misread"]) is not None and self.numerics == "llama-cpp":
+                nll[c] = np.concatenate([rows[c - 1][-1:, 0], nll[c][1:]])   # the `after` target, as there
             # a choice with nothing scored has NaN, as llama-perplexity's 0 / 0
-            means.append([float(-rows[:, 0].mean()) if len(rows) else math.nan
-                          for rows in scored[row:row + task["choices"]]])
-            row += task["choices"]
+            means.append([float(-x.mean()) if len(x) else math.nan for x in nll])
+            n_scored += sum(map(len, nll))
+            row += len(rows)
         result = self.score_tasks([{"index": t["index"], "gold": t["gold"]} for t in tasks], means)
         return {self.name: {"tasks": len(tasks), "available": attrs[self.name]["available"], **result},
-                "tokens_scored": int(sum(rows.shape[0] for rows in scored))}
+                "tokens_scored": n_scored}
 
 
 def common_prefix(seqs: list[list[int]]) -> int:
@@ -111,4 +132,4 @@ def longest_sequence(mode: type["ChoiceMode"], model_path: str, text, source: st
                      add_bos: bool) -> int:
     """The tokens of the longest choice's sequence: the ctx a run sets when --ctx is not given."""
     _, tasks = tokenized(mode, model_path, text, source, n_tasks, add_bos)
-    return max(len(c.tokens) for t in tasks for c in t.choices)
+    return max(c.width for t in tasks for c in t.choices)

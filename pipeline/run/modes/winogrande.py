@@ -9,8 +9,10 @@ tokens; the last token is never scored where more than one is. The choice is 1 w
 log-probability is strictly higher, else 2.
 
 llama-perplexity reads the second option's first scored log-probability from the wrong logits
-where the option itself is scored (its own FIXME: those of the first sequence's last token);
-this computes the one the model gives there.
+where the option itself is scored (its own FIXME): those of the first sequence's last token.
+Exact numerics compute the one the model gives there; llama-cpp numerics read it as
+llama-perplexity does, from the token placed after the first sequence (Choice.after). The
+result says how many tasks that is and which way they were scored.
 """
 import numpy as np
 
@@ -65,7 +67,18 @@ class Winogrande(ChoiceMode):
             base = len(encode(first + option)) if skip_option else shared
             last = 1 if len(s) - base > 1 else 0
             choices.append(Choice(tuple(s), max(1, base), len(s) - last))
-        return ChoiceTask(index, answer - 1, tuple(choices))
+        if skip_option or not 1 <= shared < len(seqs[1]) or choices[1].lo == choices[1].hi:
+            return ChoiceTask(index, answer - 1, tuple(choices))
+        # the second option's first target, as llama-perplexity reads it: after the first sequence
+        misread = Choice(choices[0].tokens, choices[0].lo, choices[0].hi, after=seqs[1][shared])
+        return ChoiceTask(index, answer - 1, (misread, choices[1]), misread=1)
+
+    def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
+        result = super().reduce(scored, attrs)
+        misread = sum(t["misread"] is not None for t in attrs[self.name]["tasks"])
+        result[self.name]["misread"] = {"tasks": misread, "scored_as": "llama-perplexity" if
+                                        self.numerics == "llama-cpp" else "correct"}
+        return result
 
     def score_tasks(self, tasks: list[dict], means: list[list[float]]) -> dict:
         per_task, right = [], 0
@@ -83,7 +96,8 @@ class Winogrande(ChoiceMode):
         return [("Winogrande", f"{w['accuracy']:.4f} +/- {w['error']:.4f}"),
                 ("Tasks", f"{w['tasks']} of {w['available']}"),
                 ("Tokens scored", f"{r['tokens_scored']:,}"),
-                ("Context", str(r["ctx"]))]
+                ("Context", str(r["ctx"])),
+                ("Option 2 misread", misread_text(w["misread"]))]
 
     def print_details(self, r: dict, per_sequence: bool) -> None:
         print()
@@ -93,3 +107,9 @@ class Winogrande(ChoiceMode):
         w = r["winogrande"]
         if w["tasks"] >= 100:   # llama-perplexity prints no final score over fewer tasks
             print(f"\nFinal Winogrande score({w['tasks']} tasks): {w['accuracy']:.4f} +/- {w['error']:.4f}")
+
+
+def misread_text(misread: dict) -> str:
+    if misread["scored_as"] == "llama-perplexity":
+        return f"{misread['tasks']} tasks scored as llama-perplexity reads them (--numerics llama-cpp)"
+    return f"{misread['tasks']} tasks scored as the model gives them, not as llama-perplexity reads them"
