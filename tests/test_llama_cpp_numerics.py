@@ -9,7 +9,15 @@ import torch.nn.functional as F
 from pipeline.gguf_io.activation_quants import block_mins, product
 from pipeline.gguf_io.dequant import dequantize
 from pipeline.gguf_io.ggml_types import type_named
-from pipeline.model.llama_cpp_numerics import GGMLWeight, as_read, gelu_tanh, kv_cached, set_numerics, shared_input
+from pipeline.model.llama_cpp_numerics import (
+    GGMLWeight,
+    as_read,
+    gelu_tanh,
+    kv_cached,
+    set_numerics,
+    shared_input,
+    shared_rows,
+)
 
 from .ggml_reference import ggml_quantize
 from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline
@@ -60,6 +68,19 @@ def test_weights_sharing_an_input_multiply_as_each_alone(type_name, llama_cpp):
     for e in (0, 2):
         assert torch.equal(linear(w[e]), F.linear(x, w[e]))
     assert not torch.equal(linear(w[0]), F.linear(x, values[0]))   # and they are emulated
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K"])
+def test_experts_take_rows_of_an_input_quantized_once(type_name, llama_cpp):
+    """Each expert's tokens, taken from an input quantized once for every expert (as ggml's expert
+    products do), multiply as those rows quantized for that expert alone."""
+    raw, values = experts(type_name)
+    w = as_read(values, raw, type_named(type_name))
+    x = torch.randn(7, 256) * 3
+    rows = shared_rows(x, w, w)
+    for e, token in enumerate((torch.tensor([0, 3, 6]), torch.tensor([1]), torch.arange(7))):
+        assert torch.equal(rows(token)(w[e]), F.linear(x[token], w[e])), e
+    assert shared_rows(x, values[0]) is None                  # a plain weight: nothing to share
 
 
 def test_a_product_it_does_not_emulate_is_refused(llama_cpp):

@@ -68,10 +68,24 @@ def shared_input(x: torch.Tensor, *weights: torch.Tensor):
     In llama-cpp numerics, where they are weights of one dot type, x is quantized for them once:
     ggml quantizes it for each product alike, so the products are the same, at a third or half the
     quantizing (the quantized copy is held while `linear` is)."""
-    if emulating() and all(isinstance(w, GGMLWeight) for w in weights) and len({w.dot_type for w in weights}) == 1:
-        values, sum_error = product_input(x, weights[0].dot_type)
-        return lambda w, b=None: input_product(values, sum_error, plain_values(w), plain_values(b), w.mins)
+    if rows := shared_rows(x, *weights):
+        return rows(slice(None))
     return lambda w, b=None: F.linear(x, w, b)
+
+
+def shared_rows(x: torch.Tensor, *weights: torch.Tensor):
+    """In llama-cpp numerics, where `weights` are of one dot type: rows(index) -> linear(w, b), the
+    product of x[index] [n, K] with w [N, K], x quantized once for all of them (as ggml's expert
+    products quantize a token's input once for every expert it is routed to); else None."""
+    one_type = all(isinstance(w, GGMLWeight) for w in weights) and len({w.dot_type for w in weights}) == 1
+    if not (emulating() and one_type):
+        return None
+    values, sum_error = product_input(x, weights[0].dot_type)          # [N, K], [N, K/32] or None
+
+    def rows(index):
+        v, e = values[index], None if sum_error is None else sum_error[index]
+        return lambda w, b=None: input_product(v, e, plain_values(w), plain_values(b), w.mins)
+    return rows
 
 
 def kv_cached(t: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..llama_cpp_numerics import shared_input
+from ..llama_cpp_numerics import shared_input, shared_rows
 from .blocks import Weights, wide
 
 # llama.cpp clamps the sum of the chosen weights here before renormalising (smallest normal f16)
@@ -39,13 +39,14 @@ def swiglu_clamp(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Te
 
 def feed_forward(x: torch.Tensor, up: torch.Tensor, down: torch.Tensor, gate: torch.Tensor | None, act,
                  up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None,
-                 gate_bias: torch.Tensor | None = None, glu=None) -> torch.Tensor:
+                 gate_bias: torch.Tensor | None = None, glu=None, linear=None) -> torch.Tensor:
     """down(act(gate x) * up x), down(glu(gate x, up x)) where a gated unit is given, or
     down(act(up x)) where there is no gate. The product is formed in place, so at most two
-    [..., ffn] activations are alive at once."""
+    [..., ffn] activations are alive at once. `linear`: the products of x, where the caller has
+    them (an expert's rows of an input quantized once)."""
+    linear = linear or shared_input(x, *(up,) if gate is None else (gate, up))
     if gate is None:
-        return F.linear(act(F.linear(x, up, up_bias)), down, down_bias)
-    linear = shared_input(x, gate, up)
+        return F.linear(act(linear(up, up_bias)), down, down_bias)
     if glu is not None:
         return F.linear(glu(linear(gate, gate_bias), linear(up, up_bias)), down, down_bias)
     h = act(linear(gate, gate_bias))   # [..., ffn]
@@ -174,6 +175,8 @@ class MoE(Weights):
         ((first expert, up, down, gate) each), in expert order, each on its routed tokens."""
         k, biases = routed.experts.shape[1], self.expert_biases()
         for first, up, down, gate in slices:                                      # [n, ff, hidden] ...
+            # in llama-cpp numerics the tokens' input quantized once for all experts, as ggml does
+            rows = None if self.weight_before_experts else shared_rows(flat, *(up,) if gate is None else (gate, up))
             for j in range(up.shape[0]):
                 e = first + j
                 if not routed.counts[e]:
@@ -183,7 +186,7 @@ class MoE(Weights):
                 w = routed.weights[token, slot, None]                                   # [n_e, 1]
                 x_e = (flat[token] * w).to(flat.dtype) if self.weight_before_experts else flat[token]
                 y = feed_forward(x_e, up[j], down[j], None if gate is None else gate[j], self.act,
-                                 glu=self.glu, **bias).to(out.dtype)                    # [n_e, hidden]
+                                 glu=self.glu, linear=rows and rows(token), **bias).to(out.dtype)  # [n_e, hidden]
                 out.index_add_(0, token, y if self.weight_before_experts else y * w)
 
     def finish(self, flat: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
