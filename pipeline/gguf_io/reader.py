@@ -223,10 +223,15 @@ class GGUFIndex:
 
     def fingerprint(self, prefix: str, exclude: tuple[str, ...] = ()) -> str:
         """sha256 of the stored bytes of every metadata entry under `prefix`."""
+        return self.entries_sha256(sorted(k for k in self.spans if k.startswith(prefix) and k not in exclude))
+
+    def entries_sha256(self, keys) -> str:
+        """sha256 of the stored bytes (key, type and value) of the metadata entries `keys` the file has."""
         h = hashlib.sha256()
-        for key in sorted(k for k in self.spans if k.startswith(prefix) and k not in exclude):
-            start, end = self.spans[key]
-            h.update(self._map[start:end])
+        for key in keys:
+            if key in self.spans:
+                start, end = self.spans[key]
+                h.update(self._map[start:end])
         return h.hexdigest()
 
     def blocks(self) -> set[int]:

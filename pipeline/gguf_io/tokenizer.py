@@ -38,9 +38,19 @@ class GGUFTokenizer:
 
 
 def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
+    """The file's tokenizer, built once per tokenizer metadata and this code (tokenizer_cache.py)."""
+    from .tokenizer_cache import cached
+
+    pre = file_pre_tokenizer(gguf)          # an unsupported tokenizer refused before any cache is read
+    tok = cached(gguf, pre, lambda: build_tokenizer(gguf, pre))
+    eos = gguf.metadata.get(Keys.Tokenizer.EOS_ID)
+    add_eos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_EOS, False)) and eos is not None
+    return GGUFTokenizer(tok, *bos_rule(gguf), None if eos is None else int(eos), add_eos)
+
+
+def build_tokenizer(gguf: GGUFIndex, pre: PreTokenizer | None) -> Tokenizer:
     tokens = gguf.strings(Keys.Tokenizer.LIST)
     types = np.asarray(gguf.metadata.get(Keys.Tokenizer.TOKEN_TYPE, np.ones(len(tokens))))
-    pre = file_pre_tokenizer(gguf)
     if pre is not None:
         tok = _bpe(gguf, tokens, pre)
     else:
@@ -49,9 +59,7 @@ def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
         tok = _sentencepiece_bpe(tokens, scores, types, add_space)
     user_defined = [tokens[i] for i in np.flatnonzero(types == int(TokenType.USER_DEFINED))]
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in user_defined])
-    eos = gguf.metadata.get(Keys.Tokenizer.EOS_ID)
-    add_eos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_EOS, False)) and eos is not None
-    return GGUFTokenizer(tok, *bos_rule(gguf), None if eos is None else int(eos), add_eos)
+    return tok
 
 
 BPE_MODELS = ("gpt2", "gemma4")
