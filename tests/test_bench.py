@@ -3,6 +3,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from pipeline.errors import UserError
 from pipeline.tools.bench import _split
@@ -230,20 +231,28 @@ def test_runs_take_turns_and_the_median_run_is_quoted(monkeypatch):
 
 
 def test_moe_chunk_bench_on_a_tiny_model(capsys, model_path, tmp_path, monkeypatch):
-    """The MoE chunk-size benchmark's table and time split, on a tiny synthetic MoE model."""
-    from pipeline.tools.moe_bench import bench_moe_chunks
+    """The MoE chunk-size benchmark's table and time split, on a tiny synthetic MoE model; the
+    split's classes hold what a window runs (its matrix products counted as GEMMs, in seconds: a
+    share can round to 0% on a loaded machine)."""
+    from pipeline.gguf_io.reader import open_gguf
+    from pipeline.model.arch import load_architecture
+    from pipeline.tools.moe_bench import bench_moe_chunks, time_split
+    from pipeline.tools.synthetic import synthetic_or_registered
 
     model_path("smollm2-135m")
     monkeypatch.setattr("pipeline.paths.MODELS_CACHE", tmp_path)
+    synthetic = {"moe": {**SYNTHETIC["qwen3moe"], "tokenizer_from": "smollm2-135m"}}
     bench_moe_chunks({"model": "moe", "layers": [0, 2], "compute_dtype": "float32", "ctx": 32, "chunk_sizes": [1, 2],
-                      "expert_slices": 2, "repetitions": 1, "profile_chunk": 2,
-                      "synthetic": {"moe": {**SYNTHETIC["qwen3moe"], "tokenizer_from": "smollm2-135m"}}})
+                      "expert_slices": 2, "repetitions": 1, "profile_chunk": 2, "synthetic": synthetic})
     out = capsys.readouterr().out.splitlines()
     rows = [line.split(" | ") for line in out if line.startswith("| 1 ") or line.startswith("| 2 ")]
     assert [r[0] for r in rows] == ["| 1", "| 2"] and all(float(r[1]) > 0 and float(r[3]) > 0 for r in rows)
     split = next(line for line in out if line.startswith("One chunk of 2 sequences"))
-    shares = [int(part.split()[-1].rstrip("%")) for part in split.split("; ")[1].split(", ")]
-    assert abs(sum(shares) - 100) <= 3 and "GEMMs" in split and shares[0] > 0
+    shares = {part.split()[0]: int(part.split()[-1].rstrip("%")) for part in split.split("; ")[1].split(", ")}
+    assert list(shares) == ["GEMMs", "attention", "routing", "other"] and abs(sum(shares.values()) - 100) <= 3
+    arch = load_architecture(open_gguf(str(synthetic_or_registered("moe", synthetic))))
+    seconds = time_split(arch, 0, 2, torch.float32, 2, 32)
+    assert seconds["GEMMs"] > 0 and seconds["routing"] > 0 and seconds["attention"] > 0
 
 
 def test_every_synthetic_shape_in_the_settings_can_be_written():
