@@ -12,7 +12,7 @@ DATA = REPO_ROOT / "data"
 CORPORA = DATA / "corpora"   # shipped corpora (tracked), with their source notes
 MODELS_CACHE = DATA / "models"
 EVAL_CACHE = DATA / "eval"      # evaluation data fetched on first use (run/eval_data.py)
-TOKENIZERS_CACHE = DATA / "tokenizers"   # tokenizers built from files' metadata (gguf_io/tokenizer_cache.py)
+TOKENIZERS_CACHE = DATA / "tokenizers"   # SentencePiece tokenizers, built (gguf_io/tokenizer_cache.py)
 RUNS = DATA / "runs"
 
 

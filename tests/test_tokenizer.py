@@ -25,26 +25,26 @@ def test_ids_equal_llama_cpp(alias, model_path):
     assert len(tok.encode(text)) == HEAD40K_COUNTS[alias]
 
 
-def test_a_tokenizer_is_built_once_then_read_back(model_path, tmp_path, monkeypatch):
-    """A file's tokenizer is built at its first use and read back from its entry after (no build,
-    the same ids); another pre-tokenizer over the same vocabulary is another entry; an entry that
-    cannot be read is built anew."""
+def test_a_sentencepiece_tokenizer_is_built_once_then_read_back(model_path, tmp_path, monkeypatch):
+    """Gemma-3's tokenizer is built at its first use and read back from its entry after (no build,
+    the same ids); an entry that cannot be read is built anew; read otherwise (a space prepended),
+    the vocabulary is another entry; a BPE vocabulary's tokenizer is built, not kept."""
     from pipeline.gguf_io import tokenizer as module
     from pipeline.gguf_io.tokenizer_cache import entry
 
     monkeypatch.setattr("pipeline.paths.TOKENIZERS_CACHE", tmp_path)
-    gguf = GGUFIndex(model_path("qwen2.5-0.5b"))
+    gemma = GGUFIndex(model_path("gemma3-270m"))
     text = HEAD40K.read_text(encoding="utf-8")[:2000]
-    ids = load_tokenizer(gguf).encode(text)
+    ids = load_tokenizer(gemma).encode(text)
     built, builds = module.build_tokenizer, []
     monkeypatch.setattr(module, "build_tokenizer", lambda *a: builds.append(a) or built(*a))
-    assert load_tokenizer(gguf).encode(text) == ids and not builds
-    entry(gguf, module.file_pre_tokenizer(gguf)).write_text("{not a tokenizer")
-    assert load_tokenizer(gguf).encode(text) == ids and len(builds) == 1
-    pairs = load_tokenizer(gguf).encode("(x,y)")                   # qwen2's ",y" is one word
-    gguf.metadata["tokenizer.ggml.pre"] = "gpt-2"                  # GPT-2's is two
-    assert load_tokenizer(gguf).encode("(x,y)") != pairs and len(builds) == 2
-    assert len(list(tmp_path.glob("*.json"))) == 2
+    assert load_tokenizer(gemma).encode(text) == ids and not builds
+    entry(gemma).write_text("{not a tokenizer")
+    assert load_tokenizer(gemma).encode(text) == ids and len(builds) == 1
+    gemma.metadata["tokenizer.ggml.add_space_prefix"] = True
+    assert load_tokenizer(gemma).encode("Hello") != load_tokenizer(GGUFIndex(model_path("gemma3-270m"))).encode("Hello")
+    load_tokenizer(GGUFIndex(model_path("qwen2.5-0.5b")))
+    assert len(builds) == 3 and len(list(tmp_path.glob("*.json"))) == 2
 
 
 def test_bos_only_where_the_file_says(model_path):

@@ -38,11 +38,12 @@ class GGUFTokenizer:
 
 
 def load_tokenizer(gguf: GGUFIndex) -> GGUFTokenizer:
-    """The file's tokenizer, built once per tokenizer metadata and this code (tokenizer_cache.py)."""
+    """The file's tokenizer: a BPE vocabulary's built from the file, a SentencePiece one's built
+    once and read back after (tokenizer_cache.py)."""
     from .tokenizer_cache import cached
 
     pre = file_pre_tokenizer(gguf)          # an unsupported tokenizer refused before any cache is read
-    tok = cached(gguf, pre, lambda: build_tokenizer(gguf, pre))
+    tok = build_tokenizer(gguf, pre) if pre is not None else cached(gguf, lambda: build_tokenizer(gguf, pre))
     eos = gguf.metadata.get(Keys.Tokenizer.EOS_ID)
     add_eos = bool(gguf.metadata.get(Keys.Tokenizer.ADD_EOS, False)) and eos is not None
     return GGUFTokenizer(tok, *bos_rule(gguf), None if eos is None else int(eos), add_eos)
