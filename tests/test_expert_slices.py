@@ -107,6 +107,7 @@ def test_a_budget_below_one_expert_is_refused_naming_the_smallest_that_runs(tmp_
                                         r"128 experts at a time does not fit either; the smallest budget that works "
                                         r"is \d+ MiB") as refused:
         run.placement(check_memory=False)
+    assert str(refused.value).endswith(" MiB, what the Score task (the LM head and its scratch) holds")
     smallest = int(str(refused.value).rsplit(" is ", 1)[1].split()[0])
     result = run_pipeline(tmp_path, device_memory=f"{smallest}MiB", **common)
     assert result["placement"][0]["expert_slices"] > 1

@@ -82,8 +82,9 @@ def expert_slices(layer: int, fixed: int, budget: int, i: int, device: str, what
     rest, per_expert = layer - expert_bytes, expert_bytes / n if n else 0
     room = budget - fixed - rest
     if not n or room < per_expert:
-        need = max(fixed + rest + (per_expert if n else expert_bytes), floor)
-        smallest = f"; the smallest budget that works is {math.ceil(need / 2**20)} MiB"
+        layer_need = fixed + rest + (per_expert if n else expert_bytes)
+        smallest = f"; the smallest budget that works is {math.ceil(max(layer_need, floor) / 2**20)} MiB" + (
+            ", what the Score task (the LM head and its scratch) holds" if floor > layer_need else "")
         raise UserError(f"layer {i} on {device} needs about {size_text(layer + fixed)} "
                         f"({size_text(layer)} of weights) but {what} is {size_text(budget)}"
                         + (f", and one of its {n} experts at a time does not fit either" if n else "") + smallest)
