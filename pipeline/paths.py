@@ -1,6 +1,7 @@
 """Where the repository keeps its configuration and caches, and where a run's outputs go."""
 import contextlib
 import fcntl
+import os
 from pathlib import Path
 
 from upath import UPath
@@ -38,3 +39,16 @@ def filling(entry: Path):
     with open(entry.with_name(f".{entry.name}.lock"), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)   # released with the handle, or by the system if the process dies
         yield
+
+
+def keep_in_cache(entry: Path, text: str) -> None:
+    """Write a cache entry whole (through a temporary file renamed over it, so a reader finds it
+    whole or absent, whichever process writes it); where the cache cannot be written, nothing:
+    a missing entry only costs the work again next time."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = entry.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(entry)
+    except OSError:
+        pass

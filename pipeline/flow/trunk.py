@@ -34,10 +34,10 @@ class Tokenize(OutputTask):
         return []
 
     def identity(self):
-        from ..run.modes import mode_of
+        from ..run.modes import BY_METHOD
 
         s = self.spec()
-        version = mode_of(s.method.name).plan_version
+        version = BY_METHOD[s.method.name].plan_version
         return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
                 "sequences_per_chunk": self.sequences_per_chunk, **numerics_identity(),
                 **({"plan_version": version} if version > 1 else {})}

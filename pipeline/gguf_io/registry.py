@@ -7,7 +7,6 @@ evaluation data out of the box (run/eval_data.py) is fetched the same way.
 import functools
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -16,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import UserError
-from ..paths import CONFIGS, MODELS_CACHE, filling
+from ..paths import CONFIGS, MODELS_CACHE, filling, keep_in_cache
 from .reader import first_split_part
 
 
@@ -49,13 +48,7 @@ def _cached_sha256(path: str, size: int, mtime_ns: int) -> str:
         known = {}
     if key not in known:
         known[key] = sha256_file(Path(path))
-        try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(known, indent=1))
-            tmp.replace(cache)
-        except OSError:
-            pass  # a read-only cache only costs a re-hash next time
+        keep_in_cache(cache, json.dumps(known, indent=1))
     return known[key]
 
 

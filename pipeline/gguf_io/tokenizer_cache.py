@@ -7,7 +7,6 @@ and types as stored, the tokenizer model, whether a space is prepended) and of t
 it, so another vocabulary or build never reads an entry made for something else."""
 import functools
 import hashlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,11 +47,5 @@ def cached(gguf: GGUFIndex, build: Callable[[], Tokenizer]) -> Tokenizer:
     except Exception:   # no entry, or one that cannot be read (tokenizers raises a bare Exception)
         pass
     text = build().to_str()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)                      # whole or absent, whoever writes it
-    except OSError:
-        pass                                   # a read-only cache only costs a rebuild next time
+    paths.keep_in_cache(path, text)
     return Tokenizer.from_str(text)
