@@ -79,15 +79,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def forward(path, ids: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
-    """Logits [B, T, vocab] of a GGUF model over ids [B, T]: the whole trunk, then the head."""
+def forward(path, ids: torch.Tensor, dtype=torch.float32, layout: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits [B, T, vocab] of a GGUF model over ids [B, T] (packed rows: their layout [B, T,
+    fields]): the whole trunk, then the head."""
     from pipeline.gguf_io.reader import GGUFIndex
     from pipeline.model.arch import load_architecture
     from pipeline.model.executor import WindowExecutor
 
     arch = load_architecture(GGUFIndex(path))
     with torch.inference_mode():
-        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype), ids=ids)
+        hidden = WindowExecutor(arch, 0, arch.hp.n_layers, "cpu", dtype)(arch.embed(ids, "cpu", dtype), ids=ids,
+                                                                         layout=layout)
         return arch.load_head("cpu", torch.float32)(hidden)
 
 

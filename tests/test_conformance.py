@@ -173,6 +173,60 @@ def test_bfloat16_stays_within_the_members_bound(name, member_model):
     assert abs(nll[1] - nll[0]) <= m.bfloat16_nats
 
 
+def span_nll(logits: torch.Tensor, plan) -> list[torch.Tensor]:
+    """The NLL of each span's targets from logits [rows, T, vocab] of the plan's rows."""
+    out = []
+    for _, row, lo, hi, first_from in plan.spans_of(range(plan.n_sequences)):
+        at = torch.tensor([first_from, *range(lo, hi - 1)])
+        out.append(F.cross_entropy(logits[row, at], torch.from_numpy(plan.ids[row, lo:hi]).long(), reduction="none"))
+    return out
+
+
+def choice_tasks(vocab: int) -> tuple:
+    """Three tasks of random ids: shared tokens (those of the third, none), then 2-3 choices of their own."""
+    from pipeline.run.modes.choice import Choice, ChoiceTask
+
+    ids = iter((random_ids(n_rows=1, n_tokens=200, seed=7)[0] % vocab).tolist())
+    tasks = []
+    for shared, own in ((9, (5, 3, 7)), (4, (6, 2)), (0, (4, 5))):
+        head = [next(ids) for _ in range(shared)]
+        choices = []
+        for n in own:
+            tokens = (*head, *(next(ids) for _ in range(n)))
+            choices.append(Choice(tokens, max(1, shared), len(tokens)))
+        tasks.append(ChoiceTask(len(tasks), 0, tuple(choices)))
+    return tuple(tasks)
+
+
+@pytest.mark.parametrize("name", BY_NAME)
+def test_packed_rows_give_each_sequences_own_row_scores(name, member_model):
+    """A choice task's sequences packed (shared tokens once, each choice a branch; two tasks in a
+    row, padding after them) score as each in a row of its own, within float reassociation, in a
+    family that packs; one that does not (`packs_sequences = False`: a state or a selection of keys
+    along the row) has the executor refuse packed rows, and its plans keep a row per sequence."""
+    from pipeline.run.modes.choice import choice_rows, packed_rows, packs, task_width
+
+    m = BY_NAME[name]
+    path = member_model(m)
+    gguf = GGUFIndex(path)
+    arch = load_architecture(gguf)
+    tasks = choice_tasks(arch.hp.vocab)
+    assert packs(gguf) == arch.packs_sequences
+    packed = packed_rows(tasks, task_width(tasks[0], True) + task_width(tasks[1], True) + 1)
+    single = choice_rows([c for t in tasks for c in t.choices], max(c.width for t in tasks for c in t.choices))
+    assert packed.n_sequences == 2 and packed.layout[0, -1, 1] == 2          # two tasks, then padding
+    as_ids = [torch.from_numpy(p.ids).long() for p in (packed, single)]
+    layout = torch.from_numpy(packed.layout).long()
+    if not arch.packs_sequences:
+        with pytest.raises(ValueError, match="does not compute packed rows"):
+            forward(path, as_ids[0], layout=layout)
+        return
+    got = span_nll(forward(path, as_ids[0], layout=layout), packed)
+    want = span_nll(forward(path, as_ids[1]), single)
+    worst = max((a - b).abs().max().item() for a, b in zip(got, want, strict=True))
+    assert worst <= 1e-4, worst
+
+
 def test_llama_cpp_numerics_are_measured_for_every_architecture_they_emulate():
     emulated = set(ARCHITECTURES) - set(NOT_EMULATED)
     assert emulated <= {BY_NAME[name].architecture for name in MEASURED}

@@ -19,6 +19,12 @@ BIG_EXPERTS = dict(family="qwen3moe", layers=2, hidden=256, heads=4, kv_heads=2,
                    experts=128, experts_used=8, expert_ffn=1536)
 
 
+# two packed rows of 40 (SequencePlan.layout: position, sequence, branch): 10 shared tokens and two
+# branches of 15; two sequences of 20
+PACKED_LAYOUT = torch.tensor([[(p, 0, 0) for p in range(10)] + [(10 + p, 0, b) for b in (1, 2) for p in range(15)],
+                              [(p, s, 0) for s in (0, 1) for p in range(20)]])
+
+
 @pytest.mark.parametrize("name", ["qwen3moe", "nemotron_h_moe", "qwen3next_fused", "deepseek2", "gpt-oss", "llama4"])
 def test_sliced_experts_give_the_held_layer_bit_for_bit(tiny_model, name):
     """Softmax routing; sigmoid routing with a selection bias and a shared expert; gate and up
@@ -39,7 +45,8 @@ def test_a_layer_staged_then_finished_gives_the_held_layer(tiny_model, name, dty
     routing), each slice's experts added into the accumulator, and the finish (the forward run
     again, the staged outputs of the blocks before the MoE given back), give the held layer's
     output bit for bit: after attention (qwen3moe), with nothing before the MoE in its layer
-    (nemotron_h_moe), after latent attention (deepseek2), after attention with sinks (gpt-oss)."""
+    (nemotron_h_moe), after latent attention (deepseek2), after attention with sinks (gpt-oss);
+    over packed rows where the family packs them, their layout given to each step."""
     from pipeline.model.sliced import SlicedLayer
 
     from .helpers import random_ids
@@ -50,16 +57,19 @@ def test_a_layer_staged_then_finished_gives_the_held_layer(tiny_model, name, dty
     x = arch.embed(random_ids(2, 40, seed=5) % arch.hp.vocab, "cpu", torch.float32)   # [2, 40, hidden]
     if i:                                                                          # the layer's input
         x = WindowExecutor(arch, 0, i, "cpu", torch.float32)(x)
-    held = WindowExecutor(arch, i, i + 1, "cpu", dtype)(x)
+    layout = PACKED_LAYOUT if arch.packs_sequences else None
+    held = WindowExecutor(arch, i, i + 1, "cpu", dtype)(x, layout=layout)
+    if layout is not None:                                   # the layout is what the attention sees
+        assert not torch.equal(WindowExecutor(arch, i, i + 1, "cpu", dtype)(x), held)
     layer = SlicedLayer(arch, i, "cpu", dtype, 2)
-    staged = layer.stage(x)
+    staged = layer.stage(x, None, layout)
     before = sum(1 for _ in layer.kept)
     assert staged.shape == (2, 40, arch.hp.hidden * (1 + before) + 2 * layer.k)
     acc = torch.zeros_like(x)
     for a in layer.moe.experts.firsts:
         layer.load_slice(a)
         acc = layer.add_slice(staged, acc)
-    assert torch.equal(layer.finish(x, staged, acc), held)
+    assert torch.equal(layer.finish(x, staged, acc, None, layout), held)
     assert before == (0 if name == "nemotron_h_moe" else 1)
 
 

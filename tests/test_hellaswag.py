@@ -91,27 +91,41 @@ def test_a_file_is_read_as_llama_perplexity_reads_it(tmp_path):
         ("A man sits. He\r", 1, ["stands up.\r", "sits down.\r", "lies down.\r", "leaves.\r"])]
 
 
-def test_plan_scores_what_the_endings_do_not_share():
+@pytest.mark.parametrize("split", [False, True])
+def test_plan_scores_what_the_endings_do_not_share(split):
+    """Each task's endings packed in a row (the tokens they share, then each ending's own as a
+    branch); with --ctx below a task's width (`split`), its endings over parts, each with the
+    shared tokens again; every ending's sequence, positions and scored span as its own row's."""
     from pipeline.gguf_io.reader import open_gguf
     from pipeline.gguf_io.tokenizer import load_tokenizer
     from pipeline.run.modes import mode_of
     from pipeline.run.spec import resolve_run
 
-    spec = resolve_run("smollm2-135m", "python-docs", "", "", "", 0, 0, -1, -1, "auto", str(TASKS_48), 3)
-    made = mode_of("hellaswag").plan(spec)
-    plan, order = made.sequences, [t["index"] for t in made.attrs["hellaswag"]["tasks"]]
-    assert order == llama_task_order(48, 3) and plan.n_sequences == 12
-    tokenizer = load_tokenizer(open_gguf(str(spec.model_path)))
+    tokenizer = load_tokenizer(open_gguf(str(resolve_run("smollm2-135m", "python-docs", "", "", "", 0, 0, -1, -1,
+                                                         "auto").model_path)))
     tasks = read_tasks(TASKS_48.read_text(), "head48")
-    for t, index in enumerate(order):
-        context, _, endings = tasks[index]
-        seqs = [tokenizer.encode(f"{context} {e}") for e in endings]
-        shared = next(k for k in range(len(seqs[0])) if len({tuple(s[:k + 1]) for s in seqs}) > 1)
-        for e, seq in enumerate(seqs):
-            row = 4 * t + e
-            np.testing.assert_array_equal(plan.ids[row, :len(seq)], seq)
-            assert plan.score_lo[row] == shared and plan.score_hi[row] == len(seq)
-    assert spec.method.ctx == max(plan.score_hi)     # the longest sequence sets ctx
+    order = llama_task_order(48, 3)
+    seqs = [[tokenizer.encode(f"{tasks[i][0]} {e}") for e in tasks[i][2]] for i in order]
+    ctx = max(map(len, sum(seqs, []))) if split else 0
+    spec = resolve_run("smollm2-135m", "python-docs", "", "", "", ctx, 0, -1, -1, "auto", str(TASKS_48), 3)
+    made = mode_of("hellaswag").plan(spec)
+    plan = made.sequences
+    assert [t["index"] for t in made.attrs["hellaswag"]["tasks"]] == order and len(plan.score_lo) == 12
+    parts = set()
+    for t in range(3):
+        shared = next(k for k in range(len(seqs[t][0])) if len({tuple(s[:k + 1]) for s in seqs[t]}) > 1)
+        for e, seq in enumerate(seqs[t]):
+            span = 4 * t + e
+            row, lo, hi = plan.rows()[span], plan.score_lo[span], plan.score_hi[span]
+            position, sequence, branch = plan.layout[row].T
+            parts.add((row, sequence[lo]))
+            mine = np.flatnonzero((sequence == sequence[lo]) & ((branch == 0) | (branch == branch[lo])))
+            np.testing.assert_array_equal(plan.ids[row, mine], seq)
+            np.testing.assert_array_equal(position[mine], np.arange(len(seq)))
+            assert (lo, hi, plan.sources()[span]) == (mine[shared], mine[-1] + 1, mine[shared - 1])
+            assert (branch[mine[:shared]] == 0).all() and (branch[mine[shared:]] > 0).all()
+    assert len(parts) > 3 if split else len(parts) == 3
+    assert spec.method.ctx == (ctx or plan.row_ends().max())     # the longest task sets ctx where not given
 
 
 def test_running_accuracy_equals_llama_perplexity(tmp_path):

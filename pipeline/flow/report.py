@@ -11,7 +11,8 @@ def build_result(spec, windows, scores: list, scored: dict, chain, numerics: dic
     own = [t for t in chain if t.model == scores[0].model]   # without the KL base's own chain
     tokenize = next(outputs.read_manifest(t.out_dir()) for t in own if t.task_family == "Tokenize")
     elapsed = sum(outputs.read_manifest(t.out_dir())["elapsed_s"] for t in own)   # a KL base's chain is its own
-    # the positions the trunk computed: a choice task's sequences without their padding
+    # the work done: the corpus's sequences' positions, or a choice task's sequences' tokens, each sequence
+    # whole (packed rows compute the tokens shared once: see the result's `positions`)
     evaluated = tokenize["n_tokens"] if spec.method.name in CHOICE_METHODS else tokenize["n_windows"] * spec.method.ctx
     hp = load_architecture(spec.gguf).hp
     layer_windows = [(t, outputs.read_manifest(t.out_dir())) for t in own if t.task_family == "LayerWindow"]

@@ -65,7 +65,7 @@ class Score(PlacedTask):
 
         from ..model import kld
         from ..model.arch import load_architecture
-        from ..model.scoring import sequence_codes, sequence_scores
+        from ..model.scoring import predicting, sequence_codes, target_scores
         from ..run.logits_file import LogitsHeader, chunk_rows, start_file, write_rows
         from ..store.arrays import load_tokens
 
@@ -96,17 +96,25 @@ class Score(PlacedTask):
                 # [sequences in chunk, ctx, fields] float64: figures at scored target positions, NaN elsewhere
                 hidden = [torch.from_numpy(h) for h in hidden]
                 out = np.full((hidden[0].shape[0], ctx, len(fields)), np.nan)
-                for j, local in enumerate(range(*sources[0].sequences(i).indices(n))):
-                    s = offset + local
-                    lo, hi = int(plan.score_lo[s]), int(plan.score_hi[s])
-                    if lo == hi:          # a choice with nothing to score (Winogrande's identical options)
-                        continue
-                    out[j, lo:hi] = sequence_scores(heads, [h[j] for h in hidden], plan.ids[s], lo, hi, device, dtypes,
-                                                    chunk_rows(base_file, s) if base_file else None)
-                    self.require_finite(i, out[j, lo:hi])
+                first = offset + sources[0].sequences(i).start
+                # the chunk's spans (a choice with nothing to score, Winogrande's identical options, has none)
+                spans = [span for span in plan.spans_of(range(first, first + hidden[0].shape[0]))
+                         if span[2] < span[3]]
+                if not spans:
+                    return out
+                states = [torch.cat([predicting(h[row - first], lo, hi, src) for _, row, lo, hi, src in spans])
+                          for h in hidden]                                           # [targets, hidden] each
+                targets = np.concatenate([plan.ids[row, lo:hi] for _, row, lo, hi, _ in spans])
+                base_rows = np.concatenate([chunk_rows(base_file, s) for s, *_ in spans]) if base_file else None
+                figures = target_scores(heads, states, targets, device, dtypes, base_rows)
+                self.require_finite(i, figures)
+                at = 0
+                for s, row, lo, hi, _ in spans:
+                    out[row - first, lo:hi], at = figures[at:at + hi - lo], at + hi - lo
                     if self.logits_out:   # the chunk's rows are on disk before its scores: a resume finds both
-                        rows = sequence_codes(heads[0], hidden[0][j], lo, hi, header.row_width, vocab, device, dtype)
-                        write_rows(work / LOGITS_FILE, header, s, rows)
+                        codes = sequence_codes(heads[0], hidden[0][row - first], lo, hi, header.row_width, vocab,
+                                               device, dtype)
+                        write_rows(work / LOGITS_FILE, header, s, codes)
                 return out
             return compute
 
@@ -115,11 +123,11 @@ class Score(PlacedTask):
         self.commit(device=device, fields=list(fields), **device_peaks_mb(device), **stats)
 
     def scored(self) -> list[np.ndarray]:
-        """The completed output: per sequence of the shard, [scored tokens, fields]."""
+        """The completed output: per span of the shard's rows (a sequence), [scored tokens, fields]."""
         plan, _ = self.plan()
-        offset = self.shard_sequences(plan.n_sequences).start
+        mine = self.shard_sequences(plan.n_sequences)
         rows = _read_all(self.out_dir() / "tokens.zarr")
-        return [row[plan.score_lo[w]:plan.score_hi[w]] for w, row in enumerate(rows, start=offset)]
+        return [rows[row - mine.start, lo:hi] for _, row, lo, hi, _ in plan.spans_of(mine)]
 
 
 def score_result(scores: list) -> dict:

@@ -37,10 +37,11 @@ class Tokenize(OutputTask):
         from ..run.modes import BY_METHOD
 
         s = self.spec()
-        version = BY_METHOD[s.method.name].plan_version
+        mode = BY_METHOD[s.method.name]
         return {"tokenizer": s.tokenizer_id, "corpus": s.corpus_id, "method": s.method.as_dict(),
                 "sequences_per_chunk": self.sequences_per_chunk, **numerics_identity(),
-                **({"plan_version": version} if version > 1 else {})}
+                **({"plan_version": mode.plan_version} if mode.plan_version > 1 else {}),
+                **({"packed": True} if mode.packs(s) else {})}
 
     def execute(self):
         from ..run.modes import mode_of
@@ -51,7 +52,8 @@ class Tokenize(OutputTask):
         made = mode_of(s.method.name).plan(s)
         tokens, plan = made.tokens, made.sequences
         attrs = {"n_tokens": int(tokens.size), "available_windows": plan.available, "corpus": s.corpus_id,
-                 "method": s.method.as_dict(), **made.attrs}
+                 "method": s.method.as_dict(), "positions_computed": plan.positions_computed(self.sequences_per_chunk),
+                 **made.attrs}
         save_plan(work / "tokens.zarr", tokens, plan, self.sequences_per_chunk, attrs)
         log.info(f"Tokenize: {tokens.size:,} tokens, {plan.n_sequences} of {plan.available} sequences of "
                  f"{s.method.ctx}, {plan.tokens_scored:,} tokens to score")
@@ -207,8 +209,9 @@ class PlacedTask(OutputTask):
         """The positions of chunk i that a scored target needs: up to its sequences' last one. A
         choice task's padding after them is never computed (attention is causal: what comes before
         it is what the unpadded sequences give); a corpus's sequences are scored to their end."""
-        plan, _ = self.plan()
-        return int(plan.score_hi[self.chunk_rows(i)].max())
+        if "_row_ends" not in self.__dict__:
+            self._row_ends = self.plan()[0].row_ends()
+        return int(self._row_ends[self.chunk_rows(i)].max())
 
     def fill(self, path: Path, shape: tuple[int, ...], dtype: str, read, load, **options) -> dict:
         """OutputTask.fill over each chunk's live positions (live_length), the rest of the chunk zeros."""
@@ -234,6 +237,14 @@ class PlacedTask(OutputTask):
 
         plan, _ = self.plan()
         return torch.from_numpy(plan.ids[self.chunk_rows(i)].astype(np.int64))
+
+    def chunk_layout(self, i: int):
+        """The layout [sequences, ctx, LAYOUT_FIELDS] of chunk i's packed rows (int64), or None: rows
+        of one sequence each."""
+        import torch
+
+        layout = self.plan()[0].layout
+        return None if layout is None else torch.from_numpy(layout[self.chunk_rows(i)].astype(np.int64))
 
 
 class Embed(PlacedTask):
@@ -338,14 +349,15 @@ class LayerWindow(PlacedTask):
             self.read_ahead(self.layer_tensor_names(self.first, self.last))
             loaded.append(WindowExecutor(arch, self.first, self.last, device, dtype))
             self.read_ahead_next()
-            return lambda i, chunk: loaded[0](torch.from_numpy(chunk[0]), ids=chunk[1]).numpy()
+            return lambda i, chunk: loaded[0](torch.from_numpy(chunk[0]), ids=chunk[1], layout=chunk[2]).numpy()
 
         if slices > 1:
             stats = self.fill_in_slices(work, source, device, dtype, slices, loaded)
         else:  # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
             n, ctx, _ = source.array.shape
             stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
-                              lambda i: (source.read_chunk(i), self.chunk_ids(i) if arch.takes_token_ids else None),
+                              lambda i: (source.read_chunk(i), self.chunk_ids(i) if arch.takes_token_ids else None,
+                                         self.chunk_layout(i)),
                               load, write_behind=device.startswith("cuda"))
         peaks = device_peaks_mb(device)
         if loaded:
@@ -385,7 +397,7 @@ class LayerWindow(PlacedTask):
         gguf = self.spec().gguf
         return [t.name for i in range(first, last) for t in gguf.layer_tensors(i)]
 
-    def fill_slices(self, work: Path, source, layer, firsts: list[int], with_ids, as_tensors) -> None:
+    def fill_slices(self, work: Path, source, layer, firsts: list[int], with_rows, as_tensors) -> None:
         """The layer up to its MoE over every chunk (staged.zarr), then each slice of experts added
         into its accumulator (experts-J.zarr, marked `.done` once whole)."""
         from ..store.arrays import ChunkedArray
@@ -393,7 +405,7 @@ class LayerWindow(PlacedTask):
         n, ctx, _ = source.array.shape
         H = layer().hidden                              # the experts' width; a boundary may carry more
         self.fill(work / "staged.zarr", (n, ctx, layer().width), "float32",
-                  lambda i: with_ids(i, source.read_chunk(i)),
+                  lambda i: with_rows(i, source.read_chunk(i)),
                   lambda: lambda i, chunks: layer().stage(*as_tensors(chunks)).numpy(), finite=False, part="attention")
         staged = ChunkedArray.open(work / "staged.zarr")
         before = None                                   # the accumulator of the slices so far
@@ -442,8 +454,8 @@ class LayerWindow(PlacedTask):
 
         n, ctx, _ = source.array.shape
 
-        def with_ids(i, *arrays):                       # a chunk's arrays and, where the family reads them, its ids
-            return (*arrays, self.chunk_ids(i) if arch.takes_token_ids else None)
+        def with_rows(i, *arrays):   # a chunk's arrays, its ids where the family reads them, its rows' layout
+            return (*arrays, self.chunk_ids(i) if arch.takes_token_ids else None, self.chunk_layout(i))
 
         def as_tensors(chunks):
             return [c if c is None or isinstance(c, torch.Tensor) else torch.from_numpy(c) for c in chunks]
@@ -463,10 +475,10 @@ class LayerWindow(PlacedTask):
             recorded = {"firsts": firsts, "finished": False}
             layout.write_text(json.dumps(recorded))
         if not recorded["finished"]:
-            self.fill_slices(work, source, layer, firsts, with_ids, as_tensors)
+            self.fill_slices(work, source, layer, firsts, with_rows, as_tensors)
         read = functools.cache(ChunkedArray.open)
         stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
-                          lambda i: with_ids(i, source.read_chunk(i), read(staged).read_chunk(i),
+                          lambda i: with_rows(i, source.read_chunk(i), read(staged).read_chunk(i),
                                              read(summed).read_chunk(i)),
                           lambda: lambda i, chunks: layer().finish(*as_tensors(chunks)).numpy(),
                           write_behind=device.startswith("cuda"))

@@ -22,6 +22,7 @@ class WindowExecutor:
         if not 0 <= first < last <= arch.hp.n_layers:
             raise ValueError(f"layer window [{first}, {last}) outside [0, {arch.hp.n_layers})")
         self.first, self.last, self.device, self.dtype = first, last, torch.device(device), dtype
+        self.architecture, self.packs = arch.gguf.architecture, arch.packs_sequences
         if self.device.type == "cpu":   # a pass's windows, one after another, in this process
             plan_host_load(sum(t.n_bytes for i in range(arch.hp.n_layers) for t in arch.gguf.layer_tensors(i)))
         # > 1: each MoE layer's routed experts are read in this many slices while it runs
@@ -33,11 +34,12 @@ class WindowExecutor:
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor, state: dict | None = None,
-                 ids: torch.Tensor | None = None) -> torch.Tensor:
+                 ids: torch.Tensor | None = None, layout: torch.Tensor | None = None) -> torch.Tensor:
         # hidden: [B, T, boundary width] float32 -> [B, T, the next boundary's width], float32 on the CPU.
         # state: recurrent state to start from and leave behind, per layer (None: zero per row);
-        # ids: the token ids [B, T], for a family whose layers take inputs from them
-        tables = self.tables(hidden.shape[1])
+        # ids: the token ids [B, T], for a family whose layers take inputs from them;
+        # layout: [B, T, LAYOUT_FIELDS] of packed rows (SequencePlan.layout), None: a sequence a row
+        tables = self.tables(hidden.shape[1], layout)
         inputs = None if self.token_inputs is None else self.token_inputs(ids)   # {layer: [B, T, width]}
         x = hidden.to(self.device, self.dtype)
         for k, layer in enumerate(self.layers):
@@ -46,8 +48,13 @@ class WindowExecutor:
             x = layer(*args) if inputs is None else layer(*args, inputs.get(i))
         return x.to("cpu", torch.float32)
 
-    def tables(self, T: int) -> Tables:
-        """RoPE tables, masks and temperatures for sequences of T tokens, built once."""
+    def tables(self, T: int, layout: torch.Tensor | None = None) -> Tables:
+        """RoPE tables, masks and temperatures for rows of T tokens: built once per length for rows
+        of one sequence, per chunk for packed rows (their layout)."""
+        if layout is not None:
+            if not self.packs:
+                raise ValueError(f"the {self.architecture} family does not compute packed rows")
+            return Tables(T, self.device, self.dtype, layout.to(self.device))
         return self._tables.setdefault(T, Tables(T, self.device, self.dtype))
 
     def release(self) -> None:

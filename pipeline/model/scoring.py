@@ -90,24 +90,34 @@ def token_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def sequence_scores(heads: list, hidden: list[torch.Tensor], ids: np.ndarray, lo: int, hi: int,
-                    device, dtypes: list[torch.dtype], base_rows: np.ndarray | None = None) -> np.ndarray:
-    """hidden [T, hidden] of one sequence (and of the KL base's, with its head), each taken in its
-    head's compute dtype (`dtypes`) -> the figures of targets ids[lo:hi], float64 [hi - lo,
-    fields]: the NLL alone, or kld.FIELDS; with
-    base_rows [hi - lo, row width], a llama.cpp base file's rows of those targets, kld.FIELDS
-    against them."""
+def predicting(hidden: torch.Tensor, lo: int, hi: int, first_from: int | None = None) -> torch.Tensor:
+    """hidden [T, width] of one row -> [hi - lo, width]: the states that predict targets lo..hi-1,
+    target p from position p - 1, the first from `first_from` where given (a packed branch's: the
+    shared tokens' last)."""
+    if first_from is None or first_from == lo - 1:
+        return hidden[lo - 1:hi - 1]
+    return torch.cat([hidden[first_from:first_from + 1], hidden[lo:hi - 1]])
+
+
+@torch.inference_mode()
+def target_scores(heads: list, states: list[torch.Tensor], targets: np.ndarray, device, dtypes: list[torch.dtype],
+                  base_rows: np.ndarray | None = None) -> np.ndarray:
+    """states [N, hidden] predicting targets [N] (ids), one per head (the model's, and the KL
+    base's), each taken in its head's compute dtype (`dtypes`) -> float64 [N, fields]: the NLL
+    alone, or kld.FIELDS; with base_rows [N, row width], a llama.cpp base file's rows of those
+    targets, kld.FIELDS against them. The rows go through the head a block at a time, so the
+    head's weights are read once a block, whatever spans the rows come from."""
     from .kld import file_token_stats, token_stats
 
     rows_per_block = max(1, LOGITS_BUDGET // VOCAB_SLICE)
-    targets = torch.from_numpy(np.asarray(ids[lo:hi], dtype=np.int64)).to(device)
+    targets = torch.from_numpy(np.asarray(targets, dtype=np.int64)).to(device)
     out = []
-    for a in range(lo - 1, hi - 1, rows_per_block):
-        b = min(a + rows_per_block, hi - 1)
-        t = targets[a - lo + 1:b - lo + 1]
-        rows = [h[a:b].to(device, d) for h, d in zip(hidden, dtypes)]  # [rows, hidden] each
+    for a in range(0, len(targets), rows_per_block):
+        b = min(a + rows_per_block, len(targets))
+        t = targets[a:b]
+        rows = [h[a:b].to(device, d) for h, d in zip(states, dtypes)]  # [rows, hidden] each
         if base_rows is not None:
-            out.append(file_token_stats(heads[0], rows[0], t, base_rows[a - lo + 1:b - lo + 1]))
+            out.append(file_token_stats(heads[0], rows[0], t, base_rows[a:b]))
         elif len(heads) == 1:
             out.append(token_nll(heads[0], rows[0], t)[:, None])
         else:

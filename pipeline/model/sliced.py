@@ -104,18 +104,18 @@ class SlicedLayer:
         calls = [self.probe(T) for T in (5, 6)]
         kept = []
         for (j, out), (_, longer) in zip(*calls):
-            layout = []
+            kept_leaves = []
             for a, b in zip(leaves(out), leaves(longer)):
                 if a is None:
-                    layout.append(None)
+                    kept_leaves.append(None)
                     continue
                 axes = [d for d in range(1, a.dim()) if a.shape[d] != b.shape[d]]
                 if len(axes) != 1:
                     raise RuntimeError(f"layer {self.index}: a block's output {list(a.shape)} has no one token axis "
                                        f"to keep between the slices")
                 rest = a.shape[1:axes[0]] + a.shape[axes[0] + 1:]
-                layout.append(Leaf(axes[0], tuple(rest), a.dtype))
-            kept.append((j, out, layout))
+                kept_leaves.append(Leaf(axes[0], tuple(rest), a.dtype))
+            kept.append((j, out, kept_leaves))
         return kept
 
     @torch.inference_mode()
@@ -135,15 +135,17 @@ class SlicedLayer:
     @property
     def width(self) -> int:
         """Values per token of `staged`."""
-        return self.hidden + 2 * self.k + sum(leaf.width for _, _, layout in self.kept for leaf in layout if leaf)
+        return self.hidden + 2 * self.k + sum(leaf.width for _, _, kept in self.kept for leaf in kept if leaf)
 
-    def call(self, x: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
-        """The layer's forward over x [B, T, boundary width], as the window executor calls it."""
+    def call(self, x: torch.Tensor, ids: torch.Tensor | None, layout: torch.Tensor | None) -> torch.Tensor:
+        """The layer's forward over x [B, T, boundary width] (packed rows' layout [B, T, fields] or
+        None), as the window executor calls it."""
         inputs = self.window.token_inputs
         extra = () if inputs is None else (inputs(ids).get(self.index),)
-        return self.layer(x, self.window.tables(x.shape[1]), None, *extra)
+        return self.layer(x, self.window.tables(x.shape[1], layout), None, *extra)
 
-    def staged_forward(self, h: torch.Tensor, ids: torch.Tensor | None) -> tuple[Staged, list[tuple[int, object]]]:
+    def staged_forward(self, h: torch.Tensor, ids: torch.Tensor | None,
+                       layout: torch.Tensor | None = None) -> tuple[Staged, list[tuple[int, object]]]:
         """The forward up to the MoE's routing: (what the MoE raised, (block, output) of each kept)."""
         outputs: list[tuple[int, object]] = []
 
@@ -158,7 +160,7 @@ class SlicedLayer:
         hooks = [b.register_forward_hook(keep(j)) for j, b in enumerate(self.others)]
         try:
             with replaced(self.moe, stop):
-                self.call(h, ids)
+                self.call(h, ids, layout)
         except Staged as staged:
             return staged, outputs
         finally:
@@ -167,15 +169,17 @@ class SlicedLayer:
         raise RuntimeError(f"layer {self.index} never reached its experts")
 
     @torch.inference_mode()
-    def stage(self, x: torch.Tensor, ids: torch.Tensor | None = None) -> torch.Tensor:
-        # x [B, T, boundary width] float32, ids [B, T] -> staged [B, T, width] float32 on the CPU
+    def stage(self, x: torch.Tensor, ids: torch.Tensor | None = None,
+              layout: torch.Tensor | None = None) -> torch.Tensor:
+        # x [B, T, boundary width] float32, ids [B, T], layout [B, T, fields] -> staged [B, T, width]
+        # float32 on the CPU
         B, T, _ = x.shape
-        staged, outputs = self.staged_forward(x.to(self.window.device, self.window.dtype), ids)
+        staged, outputs = self.staged_forward(x.to(self.window.device, self.window.dtype), ids, layout)
         routed = staged.routed
         parts = [staged.u.float().reshape(B, T, -1), routed.weights.float().view(B, T, self.k),
                  routed.experts.float().view(B, T, self.k)]
-        for (_, out), (_, _, layout) in zip(outputs, self.kept):
-            parts += [leaf.pack(t) for t, leaf in zip(leaves(out), layout) if leaf is not None]
+        for (_, out), (_, _, kept_leaves) in zip(outputs, self.kept):
+            parts += [leaf.pack(t) for t, leaf in zip(leaves(out), kept_leaves) if leaf is not None]
         return torch.cat(parts, -1).cpu()
 
     def load_slice(self, a: int) -> None:
@@ -191,16 +195,16 @@ class SlicedLayer:
 
     @torch.inference_mode()
     def finish(self, x: torch.Tensor, staged: torch.Tensor, acc: torch.Tensor,
-               ids: torch.Tensor | None = None) -> torch.Tensor:
+               ids: torch.Tensor | None = None, layout: torch.Tensor | None = None) -> torch.Tensor:
         # x [B, T, boundary width] the layer's input -> [B, T, the next boundary's width] float32 on the
         # CPU, the held layer's output
         B, T, H = acc.shape
         device = self.window.device
         at = H + 2 * self.k
         kept: dict[int, list] = {j: [] for j in range(len(self.others))}
-        for j, like, layout in self.kept:
+        for j, like, kept_leaves in self.kept:
             unpacked = []
-            for leaf in layout:
+            for leaf in kept_leaves:
                 if leaf is None:
                     unpacked.append(None)
                     continue
@@ -223,7 +227,7 @@ class SlicedLayer:
             stack.enter_context(replaced(self.moe, experts))
             for j, b in enumerate(self.others):
                 stack.enter_context(replaced(b, given(j, b)))
-            out = self.call(x.to(device, self.window.dtype), ids)
+            out = self.call(x.to(device, self.window.dtype), ids, layout)
         return out.to("cpu", torch.float32)
 
     def unpack(self, staged: torch.Tensor) -> tuple[torch.Tensor, Routed]:

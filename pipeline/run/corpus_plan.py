@@ -56,18 +56,61 @@ class Method:
 
 @dataclass
 class SequencePlan:
-    ids: np.ndarray       # [n_sequences, ctx] int32 model input
-    score_lo: np.ndarray  # [n_sequences] first scored target position
-    score_hi: np.ndarray  # [n_sequences] one past the last scored target position
+    """The rows the trunk runs and the spans of targets the Score task scores in them. A corpus
+    plan scores one span a row; a choice plan may pack a task's sequences in one row (`layout`):
+    the tokens they share once, then each sequence's own tokens as a branch that sees the shared
+    ones and itself only, its positions continuing from the shared ones' (llama-perplexity's
+    sequence ids), and several tasks in a row, none seeing another."""
+    ids: np.ndarray       # [rows, ctx] int32 model input
+    score_lo: np.ndarray  # [spans] the first scored target position of each span
+    score_hi: np.ndarray  # [spans] one past its last
     available: int        # sequences the whole corpus gives before --chunks
+    span_rows: np.ndarray | None = None   # [spans] the row of each span; None: span s is row s
+    first_from: np.ndarray | None = None  # [spans] the position whose logits predict the span's first
+                                          # target (a branch's: the shared tokens' last); None: lo - 1
+    layout: np.ndarray | None = None      # [rows, ctx, LAYOUT_FIELDS] int32 of packed rows; None:
+                                          # each row one sequence from position 0, causal
 
     @property
     def n_sequences(self) -> int:
+        """Rows: what the trunk's chunks hold."""
         return self.ids.shape[0]
 
     @property
     def tokens_scored(self) -> int:
         return int((self.score_hi - self.score_lo).sum())
+
+    def rows(self) -> np.ndarray:
+        """[spans] the row of each span."""
+        return np.arange(len(self.score_lo)) if self.span_rows is None else self.span_rows
+
+    def sources(self) -> np.ndarray:
+        """[spans] the position predicting each span's first target."""
+        return self.score_lo - 1 if self.first_from is None else self.first_from
+
+    def row_ends(self) -> np.ndarray:
+        """[rows] one past the last position any span of the row scores (0: none)."""
+        ends = np.zeros(self.n_sequences, dtype=np.int64)
+        np.maximum.at(ends, self.rows(), self.score_hi)
+        return ends
+
+    def positions_computed(self, per_chunk: int) -> int:
+        """Positions the trunk computes: each chunk of per_chunk rows up to its last scored one."""
+        ends = self.row_ends()
+        return sum(len(ends[a:a + per_chunk]) * int(ends[a:a + per_chunk].max())
+                   for a in range(0, self.n_sequences, per_chunk))
+
+    def spans_of(self, rows: range) -> list[tuple[int, int, int, int, int]]:
+        """(span, row, lo, hi, first_from) of the spans in these rows, in plan order."""
+        at = self.rows()
+        keep = np.flatnonzero((at >= rows.start) & (at < rows.stop))
+        src = self.sources()
+        return [(int(s), int(at[s]), int(self.score_lo[s]), int(self.score_hi[s]), int(src[s])) for s in keep]
+
+
+# a packed row's layout per position: its position in its sequence, its sequence in the row (no
+# two see each other), its branch (0: shared by the sequence's branches; b > 0: seen by branch b only)
+LAYOUT_FIELDS = ("position", "sequence", "branch")
 
 
 def plan_sequences(tokens: np.ndarray, m: Method, bos_id: int | None, whole_sequences: bool = False) -> SequencePlan:

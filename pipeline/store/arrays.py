@@ -121,12 +121,18 @@ class ChunkedArray:
         self.array[self.sequences(i)] = encode(data, self.dtype)
 
 
+PACKING = ("span_rows", "first_from", "layout")    # a packed plan's arrays beside ids and the spans
+
+
 def save_plan(path: Path, tokens: np.ndarray, plan: SequencePlan, per_chunk: int, attrs: dict) -> None:
     group = zarr.open_group(str(path), mode="w", attributes=attrs)
     group.create_array("tokens", data=np.asarray(tokens, dtype=np.int32), compressors=_codecs())
     group.create_array("ids", data=plan.ids, chunks=(per_chunk, plan.ids.shape[1]), compressors=_codecs())
     group.create_array("score_lo", data=plan.score_lo, compressors=_codecs())
     group.create_array("score_hi", data=plan.score_hi, compressors=_codecs())
+    for name in PACKING:
+        if (data := getattr(plan, name)) is not None:
+            group.create_array(name, data=data, compressors=_codecs())
 
 
 def load_tokens(path: Path) -> np.ndarray:
@@ -138,5 +144,7 @@ def load_plan(path: Path) -> tuple[SequencePlan, dict]:
     group = zarr.open_group(str(path), mode="r")
     attrs = group.attrs.asdict()
     # "available_windows": the attribute's name in every tokens.zarr written so far
-    plan = SequencePlan(group["ids"][:], group["score_lo"][:], group["score_hi"][:], attrs["available_windows"])
+    packing = {name: group[name][:] for name in PACKING if name in group}
+    plan = SequencePlan(group["ids"][:], group["score_lo"][:], group["score_hi"][:], attrs["available_windows"],
+                        **packing)
     return plan, attrs

@@ -18,6 +18,11 @@ through the Luigi tasks, and fails for an architecture of the registry that has 
   0.004 nats, on random ids of the tiny vocabulary);
 - preflight: the memory the preflight counts for a batch is at least the measured peak of a
   real-width layer of each layer kind and at most twice it (tests/test_activation_memory.py);
+- choice tasks: a task's sequences packed in one row (the tokens they share once, each
+  sequence a branch that sees them and itself, several tasks in a row) give each sequence's
+  scores in a row of its own within float reassociation (1e-4 nats); a family whose layers carry
+  a state or select keys along the row (`packs_sequences = False`) has packed rows refused and
+  its plans keep a row per sequence;
 - llama-cpp numerics: the member in 8 bits gives llama-perplexity's NLL (within 1e-3) on at least
   10% of the tokens of 32 chunks, where exact numerics do not (tests/numerics_reference.py holds
   llama-perplexity's); an architecture not checked so is refused in that mode.
@@ -165,12 +170,12 @@ def table() -> list[str]:
     from ..model.llama_cpp_numerics import NOT_EMULATED
 
     lines = ["| architecture | family | tiny models | cycled | split | sliced | shards, resume | "
-             "bfloat16 (nats: bound / measured) | preflight at real width | llama-cpp numerics |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "bfloat16 (nats: bound / measured) | preflight at real width | llama-cpp numerics | choice tasks |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arch, family in sorted(ARCHITECTURES.items()):
         members = [m for m in MATRIX if m.architecture == arch]
         if not members:
-            lines.append(f"| {arch} | {family.__name__} | none | | | | | | | |")
+            lines.append(f"| {arch} | {family.__name__} | none | | | | | | | | |")
             continue
         names = ", ".join(m.name + (" (synthetic)" if m.synthetic else "") for m in members)
         if not any(m.experts for m in members):
@@ -182,8 +187,9 @@ def table() -> list[str]:
         bounds = ", ".join(f"{m.bfloat16_nats:g} / {m.measured:.4f}" for m in members)
         preflight = f"yes ({PREFLIGHT_MEASURED[arch]})"
         numerics = f"refused: {NOT_EMULATED[arch]}" if arch in NOT_EMULATED else "yes"
+        choices = "packed" if family.packs_sequences else "a row per sequence"
         lines.append(f"| {arch} | {family.__name__} | {names} | yes | yes | {sliced} | yes | {bounds} | {preflight} "
-                     f"| {numerics} |")
+                     f"| {numerics} | {choices} |")
     return lines
 
 

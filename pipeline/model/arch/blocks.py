@@ -81,6 +81,22 @@ def causal_mask(n: int, span: int | None, device, chunk: int | None = None) -> t
     return mask
 
 
+def packed_mask(layout: torch.Tensor, span: int | None, chunk: int | None = None) -> torch.Tensor:
+    """Boolean [B, 1, T, T] mask (True = attend) of packed rows, layout [B, T, LAYOUT_FIELDS]
+    (position, sequence, branch): a token sees the tokens before it of its sequence that are
+    shared (branch 0) or of its own branch, and the window or chunk by positions, not by places in
+    the row."""
+    pos, seq, branch = layout.unbind(-1)                                                  # [B, T] each
+    place = torch.arange(pos.shape[1], device=layout.device)
+    mask = (place[:, None] >= place[None, :]) & (seq[:, :, None] == seq[:, None, :])      # [B, T, T]
+    mask &= (branch[:, None, :] == 0) | (branch[:, :, None] == branch[:, None, :])
+    if span is not None:
+        mask &= pos[:, :, None] - pos[:, None, :] < span
+    if chunk is not None:
+        mask &= pos[:, :, None] // chunk == pos[:, None, :] // chunk
+    return mask[:, None]
+
+
 @dataclass(frozen=True)
 class Temperature:
     """Llama-4-style attention temperature: queries at position p multiplied by
@@ -230,7 +246,9 @@ class BlockwiseAttention(Attention):
         for a in range(0, T, rows):
             b = min(a + rows, T)                   # queries [a, b) see keys before b at most
             scores = (q[..., a:b, :].float() @ k[..., :b, :].transpose(-1, -2)) * self.spec.scale  # [B, KV, G, b-a, b]
-            seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[a:b, :b]
+            seen = positions[a:b, None] >= positions[None, :b] if mask is None else mask[..., a:b, :b]
+            if seen.dim() == 4:                                  # packed rows' [B, 1, b-a, b]
+                seen = seen[:, :, None]                                                    # [B, 1, 1, b-a, b]
             if selected is not None:
                 seen = seen & selected[:, :, None, a:b, :b]                                # [B, KV, 1, b-a, b]
             weights = self.probabilities(scores, seen)

@@ -94,6 +94,7 @@ class SparseLatentAttention(LatentAttention):
 
 
 class Deepseek32(Deepseek2):
+    packs_sequences = False    # its indexer picks keys by their place in the row
     float32_tensors = Deepseek2.float32_tensors + ("indexer.attn_q_b.weight", "indexer.attn_k.weight",
                                                    "indexer.k_norm.bias", "indexer.proj.weight")
     honours = Deepseek2.honours | {Keys.Attention.Indexer.HEAD_COUNT, Keys.Attention.Indexer.KEY_LENGTH,

@@ -247,6 +247,7 @@ class TokenIds(nn.Module):
 
 
 class Deepseek4(HyperConnections, DecoderArch):
+    packs_sequences = False    # its compressed and sparse attention group keys by their place in the row
     blockwise_scores = True   # sinks, windows and entries: scores formed outside SDPA
     float32_tensors = FLOAT32_TENSORS + ("attn_sinks.weight", "_fn.weight", "_base.weight", "_scale.weight",
                                          "_ape.weight", "indexer.attn_q_b.weight", "indexer.proj.weight",

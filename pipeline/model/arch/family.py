@@ -94,6 +94,9 @@ class DecoderArch:
     numerics = 1                            # raised by a change of this family's math (pipeline/numerics.py)
     takes_token_ids = False                 # its layers take inputs from the token ids (token_inputs)
     sliceable_experts = True                # a layer's routed experts may run a slice at a time (model/sliced.py)
+    # its layers compute packed rows (a choice task's sequences sharing their first tokens, several tasks in a
+    # row: SequencePlan.layout) through Tables' positions and mask; False: a row per sequence
+    packs_sequences = True
     moe_block = MoE                         # the module of a layer's experts (ffn.MoE, or the family's)
     # the attention tensors beside Q, K, V and O that the family's llama.cpp loader may take (any
     # other the file holds is refused: BlockTensors.check_all_read)

@@ -116,6 +116,7 @@ class HyV4Layer(StreamsLayer):
 
 
 class HyV4(HyperConnections, Deepseek2):
+    packs_sequences = False    # its indexer picks keys by their place in the row
     fused_gate_up_experts = False   # llama.cpp's loader takes separate gate and up experts only
     blockwise_scores = True         # the sinks: scores formed outside SDPA
     sliceable_experts = False       # a layer may hand the selection on beside its output: held whole (glm-dsa's)

@@ -74,6 +74,7 @@ class KimiDeltaAttention(Weights):
 
 
 class KimiLinear(Deepseek2):
+    packs_sequences = False    # its KDA layers carry a state along the row
     numerics = 2   # 2: its latent-attention layers through SDPA's fused kernel (blocks.sdpa)
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS   # A and dt bias as Mamba2's
     # llama.cpp renormalises the top-k weights whatever expert_weights_norm says (a file that says

@@ -39,6 +39,7 @@ class ShortConv(Weights):
 
 
 class Lfm2(DecoderArch):
+    packs_sequences = False    # its short convolutions reach across the row
     neox_rope = True
     output_norm = MT.TOKEN_EMBD_NORM
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.EXPERT_WEIGHTS_SCALE,

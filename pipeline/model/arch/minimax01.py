@@ -133,6 +133,7 @@ class NormResidualLayer(Layer):
 
 
 class Minimax01(AttentionEveryNth, DecoderArch):
+    packs_sequences = False    # its lightning attention decays by place in the row
     neox_rope = True
     full_attention_interval = 8
     honours = frozenset({Keys.LLM.RESIDUAL_SCALE})

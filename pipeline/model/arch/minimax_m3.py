@@ -80,6 +80,7 @@ class BlockSparseAttention(BlockwiseAttention):
 
 
 class MinimaxM3(DecoderArch):
+    packs_sequences = False    # its sparse attention ranks blocks of places in the row
     neox_rope = True
     blockwise_scores = True    # the sparse layers form their scores outside SDPA
     float32_tensors = FLOAT32_TENSORS + ("indexer.q_proj.weight", "indexer.k_proj.weight")

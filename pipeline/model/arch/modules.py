@@ -5,34 +5,43 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..scoring import WIDENED_SLICE_BYTES, bfloat16_kernels
-from .blocks import Temperature, Weights, causal_mask, module_bytes, rms_norm, temperature_factors
+from .blocks import Temperature, Weights, causal_mask, module_bytes, packed_mask, rms_norm, temperature_factors
 from .rope import RopeSpec, rope_tables
 
 
 class Tables:
-    """RoPE tables, attention masks and query temperatures of one sequence length, built once per
-    layer-window task."""
+    """RoPE tables, attention masks and query temperatures of rows of one length, built once per
+    layer-window task; for packed rows (a layout [B, T, LAYOUT_FIELDS]: position, sequence,
+    branch), once per chunk, each token's taken at its position and the mask the layout's."""
 
-    def __init__(self, n_pos: int, device, dtype):
-        self.n_pos, self.device, self.dtype = n_pos, device, dtype
+    def __init__(self, n_pos: int, device, dtype, layout: torch.Tensor | None = None):
+        self.n_pos, self.device, self.dtype, self.layout = n_pos, device, dtype, layout
         self._rope, self._mask, self._temperature = {}, {}, {}
 
     def rope(self, spec: RopeSpec, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin in the compute dtype (or `dtype`)."""
+        """cos, sin [T, dim / 2] (packed rows: [B, 1, T, dim / 2]) in the compute dtype (or `dtype`)."""
         key = (spec, dtype or self.dtype)
         if key not in self._rope:
-            self._rope[key] = rope_tables(spec, self.n_pos, self.device, key[1])
+            self._rope[key] = tuple(self.at_positions(t) for t in rope_tables(spec, self.n_pos, self.device, key[1]))
         return self._rope[key]
 
     def mask(self, span: int | None, chunk: int | None = None) -> torch.Tensor | None:
+        """[T, T] (packed rows: [B, 1, T, T]) bool, True = attend; None: plain causal."""
         if (span, chunk) not in self._mask:
-            self._mask[span, chunk] = causal_mask(self.n_pos, span, self.device, chunk)
+            self._mask[span, chunk] = (causal_mask(self.n_pos, span, self.device, chunk) if self.layout is None
+                                       else packed_mask(self.layout, span, chunk))
         return self._mask[span, chunk]
 
     def temperature(self, t: Temperature) -> torch.Tensor:
+        """[T, 1] (packed rows: [B, 1, T, 1]) query factors."""
         if t not in self._temperature:
-            self._temperature[t] = temperature_factors(t, self.n_pos, self.device, self.dtype)
+            self._temperature[t] = self.at_positions(temperature_factors(t, self.n_pos, self.device, self.dtype))
         return self._temperature[t]
+
+    def at_positions(self, table: torch.Tensor) -> torch.Tensor:
+        """A table [n_pos, ...] by position -> each token's: the table itself for rows whose
+        positions are 0..T-1, else [B, 1, T, ...] (broadcast over heads)."""
+        return table if self.layout is None else table[self.layout[..., 0]][:, None]
 
 
 class Layer(Weights):

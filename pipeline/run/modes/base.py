@@ -23,6 +23,11 @@ class Mode:
     def __init__(self, numerics: str = "exact"):
         self.numerics = numerics      # the run's (--numerics): a mode may score as llama-perplexity does in it
 
+    @classmethod
+    def packs(cls, spec) -> bool:
+        """Whether its plan for this run packs sequences into rows (SequencePlan.layout)."""
+        return False
+
     def plan(self, spec) -> ModePlan:
         raise NotImplementedError
 

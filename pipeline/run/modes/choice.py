@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import UserError
-from ..corpus_plan import SequencePlan
+from ..corpus_plan import LAYOUT_FIELDS, SequencePlan
 from .base import Mode, ModePlan
 
 
@@ -42,7 +42,9 @@ class ChoiceTask:
 
 class ChoiceMode(Mode):
     binary = False        # a task file of bytes (multiple choice), else of UTF-8 text
-    plan_version = 2      # 2: rows may hold a target after their choice; attrs give each choice's scored count
+    # 2: rows may hold a target after their choice; attrs give each choice's scored count; 3: attrs give
+    # the positions computed and llama-perplexity's
+    plan_version = 3
 
     def content(self, task, corpus: str, escape: bool = False) -> tuple:
         """(the task file's bytes, or its text as llama-perplexity reads -f, and its label)."""
@@ -56,6 +58,10 @@ class ChoiceMode(Mode):
     # read(content, source) -> the file's tasks, as the mode's own records
     # order(n_available, n_take) -> the file indices of the tasks llama-perplexity scores, in its order
     read = order = None
+
+    @classmethod
+    def packs(cls, spec) -> bool:
+        return packs(spec.gguf)
 
     def tokenize(self, index: int, task, encode) -> ChoiceTask:
         """One task's choices as sequences; encode(text) -> ids with the model's BOS rule."""
@@ -73,21 +79,12 @@ class ChoiceMode(Mode):
         longest = max(c.width for c in choices)
         if longest > ctx:
             raise UserError(f"a {self.name} choice is {longest} tokens long, beyond --ctx {ctx}: raise --ctx "
-                            f"(or leave it unset: the longest sequence sets it)")
-        ids = np.zeros((len(choices), ctx), dtype=np.int32)
-        for r, c in enumerate(choices):
-            ids[r, :len(c.tokens)] = c.tokens
-            ids[r, len(c.tokens):] = c.tokens[-1]           # padding: after every scored target
-            if c.after is not None:
-                ids[r, len(c.tokens)] = c.after
-        # a row's scored range covers its choice's targets and the target after it, if any
-        hi = [c.width if c.after is not None else c.hi for c in choices]
+                            f"(or leave it unset: the longest task sets it)")
         attrs = {self.name: {"tasks": [{"index": t.index, "gold": t.gold, "scored": [c.hi - c.lo for c in t.choices],
                                         "misread": t.misread} for t in tasks],
-                             "available": available}}
-        return ModePlan(np.concatenate([np.asarray(c.tokens, np.int32) for c in choices]),
-                        SequencePlan(ids, np.array([c.lo for c in choices], np.int32), np.array(hi, np.int32),
-                                     len(choices)), attrs)
+                             "available": available, "llama_positions": sum(map(llama_positions, tasks))}}
+        tokens = np.concatenate([np.asarray(c.tokens, np.int32) for c in choices])
+        return ModePlan(tokens, packed_rows(tasks, ctx) if self.packs(spec) else choice_rows(choices, ctx), attrs)
 
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
         tasks, means, row, n_scored = attrs[self.name]["tasks"], [], 0, 0
@@ -102,7 +99,16 @@ class ChoiceMode(Mode):
             row += len(rows)
         result = self.score_tasks([{"index": t["index"], "gold": t["gold"]} for t in tasks], means)
         return {self.name: {"tasks": len(tasks), "available": attrs[self.name]["available"], **result},
-                "tokens_scored": n_scored}
+                "tokens_scored": n_scored, "positions": {"computed": attrs["positions_computed"],
+                                                         "llama_perplexity": attrs[self.name]["llama_positions"]}}
+
+    def scale_rows(self, r: dict) -> list[tuple[str, str]]:
+        """The report's rows of what the run computed: tokens scored, positions, context."""
+        p = r["positions"]
+        return [("Tokens scored", f"{r['tokens_scored']:,}"),
+                ("Positions computed", f"{p['computed']:,} (llama-perplexity's {p['llama_perplexity']:,}: "
+                                       f"each task's shared tokens once)"),
+                ("Context", str(r["ctx"]))]
 
 
 def common_prefix(seqs: list[list[int]]) -> int:
@@ -111,6 +117,103 @@ def common_prefix(seqs: list[list[int]]) -> int:
     while shared < min(map(len, seqs)) and len({s[shared] for s in seqs}) == 1:
         shared += 1
     return shared
+
+
+def llama_positions(task: ChoiceTask) -> int:
+    """The positions llama-perplexity computes for a task: the tokens its sequences share, once,
+    and each sequence's own after them."""
+    shared = common_prefix([list(c.tokens) for c in task.choices])
+    return shared + sum(len(c.tokens) - shared for c in task.choices)
+
+
+def packs(gguf) -> bool:
+    """Whether the model's family computes packed rows (SequencePlan.layout)."""
+    from ...model.arch import ARCHITECTURES
+
+    return ARCHITECTURES[gguf.architecture].packs_sequences
+
+
+def choice_rows(choices: list[Choice], ctx: int) -> SequencePlan:
+    """A row per choice: its sequence from position 0, padded after its last token (and the
+    target after it, if any)."""
+    ids = np.zeros((len(choices), ctx), dtype=np.int32)
+    for r, c in enumerate(choices):
+        ids[r, :len(c.tokens)] = c.tokens
+        ids[r, len(c.tokens):] = c.tokens[-1]           # padding: after every scored target
+        if c.after is not None:
+            ids[r, len(c.tokens)] = c.after
+    # a row's scored range covers its choice's targets and the target after it, if any
+    hi = [c.width if c.after is not None else c.hi for c in choices]
+    return SequencePlan(ids, np.array([c.lo for c in choices], np.int32), np.array(hi, np.int32), len(choices))
+
+
+def shared_length(task: ChoiceTask) -> int:
+    """The tokens a task's sequences share that none of them scores: computed once when packed."""
+    return min(common_prefix([list(c.tokens) for c in task.choices]), min(c.lo for c in task.choices))
+
+
+def task_width(task: ChoiceTask, packed: bool) -> int:
+    """Positions the task takes: packed, its shared tokens once and each sequence's own after
+    them; else its longest sequence's row."""
+    if not packed:
+        return max(c.width for c in task.choices)
+    shared = shared_length(task)
+    return shared + sum(c.width - shared for c in task.choices)
+
+
+def task_parts(task: ChoiceTask, ctx: int) -> list[tuple[int, tuple[Choice, ...]]]:
+    """(shared tokens, choices) of each part of a task packed in rows of ctx: the whole task where
+    it fits, else its choices in order, as many a part as fit beside the shared tokens."""
+    shared = shared_length(task)
+    parts, part, fill = [], [], shared
+    for c in task.choices:
+        if part and fill + c.width - shared > ctx:
+            parts.append((shared, tuple(part)))
+            part, fill = [], shared
+        part.append(c)
+        fill += c.width - shared
+    return [*parts, (shared, tuple(part))]
+
+
+def packed_rows(tasks: tuple[ChoiceTask, ...], ctx: int) -> SequencePlan:
+    """Tasks packed into rows of ctx positions in order, as many as fit: each task (or part of one,
+    task_parts) its shared tokens (branch 0) then each choice's own (branch k + 1, positions
+    continuing from the shared ones'); a span per choice, its first target predicted from the
+    shared tokens' last where it starts there. The rest of a row is padding, a sequence of its own
+    that no span reads."""
+    rows, row, fill = [], [], 0
+    for shared, choices in (part for task in tasks for part in task_parts(task, ctx)):
+        width = shared + sum(c.width - shared for c in choices)
+        if row and fill + width > ctx:
+            rows.append(row)
+            row, fill = [], 0
+        row.append((shared, choices))
+        fill += width
+    rows.append(row)
+    ids = np.zeros((len(rows), ctx), dtype=np.int32)
+    layout = np.zeros((len(rows), ctx, len(LAYOUT_FIELDS)), dtype=np.int32)   # LAYOUT_FIELDS
+    lo, hi, first_from, span_rows = [], [], [], []
+    for r, row in enumerate(rows):
+        at = 0
+        for seq, (shared, choices) in enumerate(row):
+            ids[r, at:at + shared] = choices[0].tokens[:shared]
+            layout[r, at:at + shared] = np.stack([np.arange(shared), np.full(shared, seq), np.zeros(shared)], -1)
+            base, at = at, at + shared
+            for b, c in enumerate(choices, start=1):
+                own = [*c.tokens[shared:], *([] if c.after is None else [c.after])]
+                ids[r, at:at + len(own)] = own
+                layout[r, at:at + len(own)] = np.stack([shared + np.arange(len(own)), np.full(len(own), seq),
+                                                        np.full(len(own), b)], -1)
+                # position p of the choice's sequence lies at base + p (shared) or at + p - shared (its own)
+                lo.append(at + c.lo - shared)
+                hi.append(at + (c.width if c.after is not None else c.hi) - shared)
+                first_from.append(base + c.lo - 1 if c.lo - 1 < shared else at + c.lo - 1 - shared)
+                span_rows.append(r)
+                at += len(own)
+        ids[r, at:] = ids[r, at - 1]
+        layout[r, at:] = np.stack([np.arange(ctx - at), np.full(ctx - at, len(row)), np.zeros(ctx - at)], -1)
+    as_int = functools.partial(np.array, dtype=np.int32)
+    return SequencePlan(ids, as_int(lo), as_int(hi), len(rows), as_int(span_rows), as_int(first_from), layout)
 
 
 @functools.lru_cache(maxsize=4)
@@ -130,6 +233,10 @@ def tokenized(mode: type["ChoiceMode"], model_path: str, text, source: str, n_ta
 
 def longest_sequence(mode: type["ChoiceMode"], model_path: str, text, source: str, n_tasks: int,
                      add_bos: bool) -> int:
-    """The tokens of the longest choice's sequence: the ctx a run sets when --ctx is not given."""
+    """The positions of the longest task's row (its choices packed where the model's family packs
+    them, else its longest choice's sequence): the ctx a run sets when --ctx is not given."""
+    from ...gguf_io.reader import open_gguf
+
     _, tasks = tokenized(mode, model_path, text, source, n_tasks, add_bos)
-    return max(c.width for t in tasks for c in t.choices)
+    packed = packs(open_gguf(model_path))
+    return max(task_width(t, packed) for t in tasks)

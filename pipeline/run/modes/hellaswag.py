@@ -65,8 +65,7 @@ class HellaSwag(ChoiceMode):
         h = r["hellaswag"]
         return [("HellaSwag acc_norm", f"{h['accuracy']:.4f}% [{h['ci95'][0]:.4f}%, {h['ci95'][1]:.4f}%]"),
                 ("Tasks", f"{h['tasks']} of {h['available']}"),
-                ("Tokens scored", f"{r['tokens_scored']:,}"),
-                ("Context", str(r["ctx"]))]
+                *self.scale_rows(r)]
 
     def print_details(self, r: dict, per_sequence: bool) -> None:
         print("\ntask\tacc_norm\t95% confidence interval")

@@ -44,8 +44,7 @@ class MultipleChoice(ChoiceMode):
         return [("Multiple choice", f"{m['accuracy']:.4f} +/- {m['error']:.4f}"),
                 ("Random chance", f"{m['chance']:.4f} +/- {m['chance_error']:.4f}"),
                 ("Tasks", f"{m['tasks']} of {m['available']}"),
-                ("Tokens scored", f"{r['tokens_scored']:,}"),
-                ("Context", str(r["ctx"]))]
+                *self.scale_rows(r)]
 
     def print_details(self, r: dict, per_sequence: bool) -> None:
         m = r["multiple-choice"]

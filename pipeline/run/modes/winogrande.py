@@ -95,8 +95,7 @@ class Winogrande(ChoiceMode):
         w = r["winogrande"]
         return [("Winogrande", f"{w['accuracy']:.4f} +/- {w['error']:.4f}"),
                 ("Tasks", f"{w['tasks']} of {w['available']}"),
-                ("Tokens scored", f"{r['tokens_scored']:,}"),
-                ("Context", str(r["ctx"])),
+                *self.scale_rows(r),
                 ("Option 2 misread", misread_text(w["misread"]))]
 
     def print_details(self, r: dict, per_sequence: bool) -> None:
