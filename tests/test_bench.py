@@ -376,3 +376,25 @@ def test_the_plot_draws_a_line_for_each_numerics_mode(tmp_path):
     path = tmp_path / "plot.png"
     plot({"smollm2-135m": rows}, {"smollm2-135m": 30}, path)
     assert path.stat().st_size > 1000
+
+
+def test_choice_task_bench_sets_each_command_beside_llama_perplexitys(capsys, tmp_path, monkeypatch):
+    """A row per model and task: both sides' wall times, their ratio, accuracies (llama-perplexity's
+    read off its last line) and the positions each computes."""
+    from pipeline.paths import REPO_ROOT
+    from pipeline.tools import choice_bench
+
+    fake = tmp_path / "llama-perplexity"      # prints llama-perplexity's running HellaSwag lines
+    fake.write_text("#!/bin/sh\nprintf '1\\t100.00000000%%\\t[20.6549%%, 100.0000%%]\\n"
+                    "2\\t50.00000000%%\\t[9.4531%%, 90.5469%%]\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(choice_bench, "llama_perplexity", lambda version: fake)
+    monkeypatch.setattr(choice_bench, "dataset_file", lambda name: REPO_ROOT / "data/corpora/hellaswag-val.head48.txt")
+    choice_bench.bench_choice_tasks({"models": ["smollm2-135m"], "tasks": {"hellaswag": 4}, "compute_dtype": "float32",
+                                     "threads": 2, "llama_ctx": 512, "repetitions": 1, "llama_cpp_python": "0.3.36"})
+    cells = capsys.readouterr().out.splitlines()[-1].strip("| ").split(" | ")
+    model, task, tasks, llama_s, ours_s, ratio, llama_accuracy, accuracy, computed, theirs = cells
+    assert (model, task, tasks, llama_accuracy) == ("smollm2-135m", "hellaswag", "4", "50.0000")
+    assert float(ratio) == pytest.approx(float(llama_s) / float(ours_s), abs=0.01)
+    assert accuracy == "25.0000"              # SmolLM2's first 4 of these tasks (tests/test_hellaswag.py's LLAMA_16)
+    assert int(computed.replace(",", "")) >= int(theirs.replace(",", "")) > 0

@@ -252,6 +252,11 @@ def main(argv=None) -> int:
 
             bench_dequantizers(cfg)
             return 0
+        if cfg.get("kind") == "choice-tasks":
+            from .choice_bench import bench_choice_tasks
+
+            bench_choice_tasks(cfg)
+            return 0
         if cfg.get("kind") == "moe-chunk":
             from .moe_bench import bench_moe_chunks
 

@@ -1,9 +1,11 @@
 """What the choice tasks share (HellaSwag, Winogrande, multiple choice): a task file read into
 tasks, taken in llama-perplexity's order, each choice of a task tokenized into one sequence with
-the range of its targets that is scored, sequences padded after their last token to the longest
-one's length (attention is causal: padding moves no score, and a window computes a chunk only up
-to its last scored position); a choice's score is the mean log-probability of its scored targets,
-and the mode decides and prints as llama-perplexity does."""
+the range of its targets that is scored; the rows the trunk runs, packed as llama-perplexity
+batches a task (the tokens its sequences share once, each sequence's own after them as a branch,
+several tasks a row: packed_rows) where the model's family packs rows, else a row per sequence
+padded after its last token (attention is causal: padding moves no score, and a window computes
+a chunk only up to its last scored position); a choice's score is the mean log-probability of
+its scored targets, and the mode decides and prints as llama-perplexity does."""
 import functools
 import math
 from dataclasses import dataclass
@@ -127,10 +129,12 @@ def llama_positions(task: ChoiceTask) -> int:
 
 
 def packs(gguf) -> bool:
-    """Whether the model's family computes packed rows (SequencePlan.layout)."""
+    """Whether the model's family computes packed rows (SequencePlan.layout); an architecture not
+    computed at all is refused where the model is loaded."""
     from ...model.arch import ARCHITECTURES
 
-    return ARCHITECTURES[gguf.architecture].packs_sequences
+    family = ARCHITECTURES.get(gguf.architecture)
+    return family is not None and family.packs_sequences
 
 
 def choice_rows(choices: list[Choice], ctx: int) -> SequencePlan:
