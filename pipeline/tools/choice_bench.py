@@ -63,8 +63,8 @@ def layercycle_side(model: Path, file: Path, task: str, n_tasks: int, cfg: dict)
 
 def bench_choice_tasks(cfg: dict) -> None:
     binary = llama_perplexity(cfg["llama_cpp_python"])
-    print(f"| model | task | tasks | llama-perplexity s | layercycle s | ratio | accuracy llama-perplexity "
-          f"| accuracy layercycle | positions computed | llama-perplexity's |")
+    print("| model | task | tasks | llama-perplexity s | layercycle s | ratio | accuracy llama-perplexity "
+          "| accuracy layercycle | positions computed | llama-perplexity's |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for alias in cfg["models"]:
         model = model_path(alias, cfg)
