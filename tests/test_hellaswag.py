@@ -8,6 +8,7 @@ import pytest
 
 from pipeline.errors import UserError
 from pipeline.paths import REPO_ROOT
+from pipeline.run.modes.choice import PACKED_ROW
 from pipeline.run.modes.hellaswag import read_tasks, wilson_interval
 from pipeline.run.modes.task_order import llama_task_order
 
@@ -111,9 +112,10 @@ def test_plan_scores_what_the_endings_do_not_share(split):
     made = mode_of("hellaswag").plan(spec)
     plan = made.sequences
     assert [t["index"] for t in made.attrs["hellaswag"]["tasks"]] == order and len(plan.score_lo) == 12
-    parts = set()
+    parts, widths = set(), []
     for t in range(3):
         shared = next(k for k in range(len(seqs[t][0])) if len({tuple(s[:k + 1]) for s in seqs[t]}) > 1)
+        widths.append(shared + sum(len(s) - shared for s in seqs[t]))
         for e, seq in enumerate(seqs[t]):
             span = 4 * t + e
             row, lo, hi = plan.rows()[span], plan.score_lo[span], plan.score_hi[span]
@@ -125,7 +127,8 @@ def test_plan_scores_what_the_endings_do_not_share(split):
             assert (lo, hi, plan.sources()[span]) == (mine[shared], mine[-1] + 1, mine[shared - 1])
             assert (branch[mine[:shared]] == 0).all() and (branch[mine[shared:]] > 0).all()
     assert len(parts) > 3 if split else len(parts) == 3
-    assert spec.method.ctx == (ctx or plan.row_ends().max())     # the longest task sets ctx where not given
+    # where not given, rows of 512 positions, or of the widest task (its shared tokens once)
+    assert spec.method.ctx == (ctx or max(PACKED_ROW, max(widths)))
 
 
 def test_running_accuracy_equals_llama_perplexity(tmp_path):

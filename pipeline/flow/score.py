@@ -122,17 +122,19 @@ class Score(PlacedTask):
                           lambda i: [s.read_chunk(i) for s in sources], load, finite=False)  # NaN: not scored
         self.commit(device=device, fields=list(fields), **device_peaks_mb(device), **stats)
 
-    def scored(self) -> list[np.ndarray]:
-        """The completed output: per span of the shard's rows (a sequence), [scored tokens, fields]."""
+    def scored(self) -> list[tuple[int, np.ndarray]]:
+        """The completed output: (span, [scored tokens, fields]) of each span (a sequence) in the
+        shard's rows."""
         plan, _ = self.plan()
         mine = self.shard_sequences(plan.n_sequences)
         rows = _read_all(self.out_dir() / "tokens.zarr")
-        return [rows[row - mine.start, lo:hi] for _, row, lo, hi, _ in plan.spans_of(mine)]
+        return [(s, rows[row - mine.start, lo:hi]) for s, row, lo, hi, _ in plan.spans_of(mine)]
 
 
 def score_result(scores: list) -> dict:
-    """The run's mode's figures (PPL, KLD, accuracy) over the shards' Score outputs, in plan order."""
-    scored = [rows for s in scores for rows in s.scored()]
+    """The run's mode's figures (PPL, KLD, accuracy) over the shards' Score outputs, in plan order
+    (a packed plan's spans may lie in any row)."""
+    scored = [rows for _, rows in sorted((pair for s in scores for pair in s.scored()), key=lambda pair: pair[0])]
     return run_mode(scores).reduce(scored, scores[0].plan()[1])
 
 

@@ -62,7 +62,7 @@ class SequencePlan:
     ones and itself only, its positions continuing from the shared ones' (llama-perplexity's
     sequence ids), and several tasks in a row, none seeing another."""
     ids: np.ndarray       # [rows, ctx] int32 model input
-    score_lo: np.ndarray  # [spans] the first scored target position of each span
+    score_lo: np.ndarray  # [spans] the first scored target position of each span, spans in plan order
     score_hi: np.ndarray  # [spans] one past its last
     available: int        # sequences the whole corpus gives before --chunks
     span_rows: np.ndarray | None = None   # [spans] the row of each span; None: span s is row s

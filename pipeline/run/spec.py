@@ -90,18 +90,18 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
             raise UserError(f"--{name}-tasks must be >= 0 (0: all), got {chunks}")
     bos_id, add_bos = bos_rule(gguf)   # as llama-perplexity tokenizes and marks each chunk
     add_bos = {"auto": add_bos, "yes": True, "no": False}[bos]
-    if name in CHOICE_METHODS and not ctx:   # the longest sequence sets the context
-        from .modes import BY_METHOD
-        from .modes.choice import longest_sequence
-
-        ctx = longest_sequence(BY_METHOD[name], str(path), *BY_METHOD[name]().content(eval_task, corpus, escape),
-                               chunks, add_bos)
-    m = Method(name=name, ctx=ctx or int(defaults.get("ctx", 512)),
-               stride=stride, unscored_prefix=unscored_prefix,
-               chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks, bos=add_bos)
     from ..model.arch import load_architecture
 
     context = load_architecture(gguf).hp.context_length
+    if name in CHOICE_METHODS and not ctx:   # the tasks set the context
+        from .modes import BY_METHOD
+        from .modes.choice import row_width
+
+        ctx = row_width(BY_METHOD[name], str(path), *BY_METHOD[name]().content(eval_task, corpus, escape),
+                        chunks, add_bos, context)
+    m = Method(name=name, ctx=ctx or int(defaults.get("ctx", 512)),
+               stride=stride, unscored_prefix=unscored_prefix,
+               chunks=int(defaults.get("chunks", 0)) if chunks < 0 else chunks, bos=add_bos)
     if m.ctx > context:
         raise UserError(f"--ctx {m.ctx} is above the model's context length of {context}")
     if m.bos and bos_id is None:

@@ -6,6 +6,7 @@ several tasks a row: packed_rows) where the model's family packs rows, else a ro
 padded after its last token (attention is causal: padding moves no score, and a window computes
 a chunk only up to its last scored position); a choice's score is the mean log-probability of
 its scored targets, and the mode decides and prints as llama-perplexity does."""
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ class ChoiceTask:
     # the choice whose first target llama-perplexity reads from the one before's `after` position
     # (llama-cpp numerics score it so; exact numerics from its own sequence); None: none
     misread: int | None = None
+
+
+PACKED_ROW = 512      # positions of a packed row where --ctx is not given (at least the widest task's)
 
 
 class ChoiceMode(Mode):
@@ -180,44 +184,53 @@ def task_parts(task: ChoiceTask, ctx: int) -> list[tuple[int, tuple[Choice, ...]
 
 
 def packed_rows(tasks: tuple[ChoiceTask, ...], ctx: int) -> SequencePlan:
-    """Tasks packed into rows of ctx positions in order, as many as fit: each task (or part of one,
-    task_parts) its shared tokens (branch 0) then each choice's own (branch k + 1, positions
-    continuing from the shared ones'); a span per choice, its first target predicted from the
-    shared tokens' last where it starts there. The rest of a row is padding, a sequence of its own
-    that no span reads."""
-    rows, row, fill = [], [], 0
-    for shared, choices in (part for task in tasks for part in task_parts(task, ctx)):
-        width = shared + sum(c.width - shared for c in choices)
-        if row and fill + width > ctx:
-            rows.append(row)
-            row, fill = [], 0
-        row.append((shared, choices))
-        fill += width
-    rows.append(row)
-    ids = np.zeros((len(rows), ctx), dtype=np.int32)
-    layout = np.zeros((len(rows), ctx, len(LAYOUT_FIELDS)), dtype=np.int32)   # LAYOUT_FIELDS
+    """Tasks packed into rows of ctx positions: each task (or part of one, task_parts) its shared
+    tokens (branch 0) then each choice's own (branch k + 1, positions continuing from the shared
+    ones'); a span per choice, in the tasks' order, its first target predicted from the shared
+    tokens' last where it starts there. The parts go widest first each into the row it fills
+    most (best fit), so that rows are full and a chunk computes little padding; a row holds its
+    parts in the tasks' order, and the rest of it is padding, a sequence of its own that no span
+    reads."""
+    units = [part for task in tasks for part in task_parts(task, ctx)]           # (shared, choices)
+    widths = [shared + sum(c.width - shared for c in choices) for shared, choices in units]
+    room, members = [], []          # room: (free positions, row) of the rows so far, sorted; members: their units
+    for u in sorted(range(len(units)), key=lambda u: -widths[u]):
+        k = bisect.bisect_left(room, (widths[u], -1))                  # the fullest row it fits in
+        if k < len(room):
+            free, r = room.pop(k)
+        else:
+            free, r = ctx, len(members)
+            members.append([])
+        members[r].append(u)
+        bisect.insort(room, (free - widths[u], r))
+    members = sorted(sorted(m) for m in members)                  # rows in the order of their first task
+    where = {u: (r, seq) for r, m in enumerate(members) for seq, u in enumerate(m)}
+    starts = {u: sum(widths[v] for v in m[:seq]) for m in members for seq, u in enumerate(m)}
+    ids = np.zeros((len(members), ctx), dtype=np.int32)
+    layout = np.zeros((len(members), ctx, len(LAYOUT_FIELDS)), dtype=np.int32)   # LAYOUT_FIELDS
     lo, hi, first_from, span_rows = [], [], [], []
-    for r, row in enumerate(rows):
-        at = 0
-        for seq, (shared, choices) in enumerate(row):
-            ids[r, at:at + shared] = choices[0].tokens[:shared]
-            layout[r, at:at + shared] = np.stack([np.arange(shared), np.full(shared, seq), np.zeros(shared)], -1)
-            base, at = at, at + shared
-            for b, c in enumerate(choices, start=1):
-                own = [*c.tokens[shared:], *([] if c.after is None else [c.after])]
-                ids[r, at:at + len(own)] = own
-                layout[r, at:at + len(own)] = np.stack([shared + np.arange(len(own)), np.full(len(own), seq),
-                                                        np.full(len(own), b)], -1)
-                # position p of the choice's sequence lies at base + p (shared) or at + p - shared (its own)
-                lo.append(at + c.lo - shared)
-                hi.append(at + (c.width if c.after is not None else c.hi) - shared)
-                first_from.append(base + c.lo - 1 if c.lo - 1 < shared else at + c.lo - 1 - shared)
-                span_rows.append(r)
-                at += len(own)
-        ids[r, at:] = ids[r, at - 1]
-        layout[r, at:] = np.stack([np.arange(ctx - at), np.full(ctx - at, len(row)), np.zeros(ctx - at)], -1)
+    for u, (shared, choices) in enumerate(units):
+        (r, seq), at = where[u], starts[u]
+        ids[r, at:at + shared] = choices[0].tokens[:shared]
+        layout[r, at:at + shared] = np.stack([np.arange(shared), np.full(shared, seq), np.zeros(shared)], -1)
+        base, at = at, at + shared
+        for b, c in enumerate(choices, start=1):
+            own = [*c.tokens[shared:], *([] if c.after is None else [c.after])]
+            ids[r, at:at + len(own)] = own
+            layout[r, at:at + len(own)] = np.stack([shared + np.arange(len(own)), np.full(len(own), seq),
+                                                    np.full(len(own), b)], -1)
+            # position p of the choice's sequence lies at base + p (shared) or at + p - shared (its own)
+            lo.append(at + c.lo - shared)
+            hi.append(at + (c.width if c.after is not None else c.hi) - shared)
+            first_from.append(base + c.lo - 1 if c.lo - 1 < shared else at + c.lo - 1 - shared)
+            span_rows.append(r)
+            at += len(own)
+    for r, m in enumerate(members):
+        end = sum(widths[u] for u in m)
+        ids[r, end:] = ids[r, end - 1]
+        layout[r, end:] = np.stack([np.arange(ctx - end), np.full(ctx - end, len(m)), np.zeros(ctx - end)], -1)
     as_int = functools.partial(np.array, dtype=np.int32)
-    return SequencePlan(ids, as_int(lo), as_int(hi), len(rows), as_int(span_rows), as_int(first_from), layout)
+    return SequencePlan(ids, as_int(lo), as_int(hi), len(members), as_int(span_rows), as_int(first_from), layout)
 
 
 @functools.lru_cache(maxsize=4)
@@ -235,12 +248,14 @@ def tokenized(mode: type["ChoiceMode"], model_path: str, text, source: str, n_ta
                                for i in choice_mode.order(len(records), n_tasks))
 
 
-def longest_sequence(mode: type["ChoiceMode"], model_path: str, text, source: str, n_tasks: int,
-                     add_bos: bool) -> int:
-    """The positions of the longest task's row (its choices packed where the model's family packs
-    them, else its longest choice's sequence): the ctx a run sets when --ctx is not given."""
+def row_width(mode: type["ChoiceMode"], model_path: str, text, source: str, n_tasks: int, add_bos: bool,
+              context: int) -> int:
+    """The ctx a run sets when --ctx is not given: where the model's family packs rows, PACKED_ROW
+    positions (the model's context, if shorter), or the longest task's if wider, so that rows hold
+    several tasks and a chunk computes little padding; else the longest choice's sequence."""
     from ...gguf_io.reader import open_gguf
 
     _, tasks = tokenized(mode, model_path, text, source, n_tasks, add_bos)
-    packed = packs(open_gguf(model_path))
-    return max(task_width(t, packed) for t in tasks)
+    if not packs(open_gguf(model_path)):
+        return max(c.width for t in tasks for c in t.choices)
+    return max(max(task_width(t, True) for t in tasks), min(PACKED_ROW, context))
