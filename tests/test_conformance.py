@@ -201,9 +201,10 @@ def choice_tasks(vocab: int) -> tuple:
 @pytest.mark.parametrize("name", BY_NAME)
 def test_packed_rows_give_each_sequences_own_row_scores(name, member_model):
     """A choice task's sequences packed (shared tokens once, each choice a branch; two tasks in a
-    row, padding after them) score as each in a row of its own, within float reassociation, in a
-    family that packs; one that does not (`packs_sequences = False`: a state or a selection of keys
-    along the row) has the executor refuse packed rows, and its plans keep a row per sequence."""
+    row, padding after them) score as each in a row of its own, within float reassociation (a
+    recurrent scan's blocks fall elsewhere: 1.5e-4 measured), in a family that packs; one that does
+    not (`packs_sequences = False`: keys selected by their place in the row) has the executor refuse
+    packed rows, and its plans keep a row per sequence."""
     from pipeline.run.modes.choice import choice_rows, packed_rows, packs, task_width
 
     m = BY_NAME[name]
@@ -224,7 +225,7 @@ def test_packed_rows_give_each_sequences_own_row_scores(name, member_model):
     got = span_nll(forward(path, as_ids[0], layout=layout), packed)
     want = span_nll(forward(path, as_ids[1]), single)
     worst = max((a - b).abs().max().item() for a, b in zip(got, want, strict=True))
-    assert worst <= 1e-4, worst
+    assert worst <= 5e-4, worst
 
 
 def test_llama_cpp_numerics_are_measured_for_every_architecture_they_emulate():

@@ -20,9 +20,10 @@ through the Luigi tasks, and fails for an architecture of the registry that has 
   real-width layer of each layer kind and at most twice it (tests/test_activation_memory.py);
 - choice tasks: a task's sequences packed in one row (the tokens they share once, each
   sequence a branch that sees them and itself, several tasks in a row) give each sequence's
-  scores in a row of its own within float reassociation (1e-4 nats); a family whose layers carry
-  a state or select keys along the row (`packs_sequences = False`) has packed rows refused and
-  its plans keep a row per sequence;
+  scores in a row of its own within float reassociation (5e-4 nats; a recurrent layer scans each
+  sequence's shared tokens once and each branch from the state they leave); a family whose
+  attention selects keys by their place in the row (`packs_sequences = False`) has packed rows
+  refused and its plans keep a row per sequence;
 - llama-cpp numerics: the member in 8 bits gives llama-perplexity's NLL (within 1e-3) on at least
   10% of the tokens of 32 chunks, where exact numerics do not (tests/numerics_reference.py holds
   llama-perplexity's); an architecture not checked so is refused in that mode.

@@ -10,7 +10,8 @@ batch row starts from zeros. The rule runs in float32 (or wider) whatever the co
 import torch
 import torch.nn.functional as F
 
-from .blocks import Weights, rms_norm, wide
+from .blocks import rms_norm, wide
+from .recurrent import RecurrentMixer
 from .ssm import SCAN_BLOCK, causal_conv1d
 
 
@@ -94,7 +95,7 @@ def delta_rule_blockwise(q, k, v, g, beta, state=None, block: int = SCAN_BLOCK):
     return out.permute(0, 2, 3, 1, 4).reshape(b, n * block, h, dv)[:, :T], s
 
 
-class GatedDeltaNet(Weights):
+class GatedDeltaNet(RecurrentMixer):
     """qkv and z projections; beta = sigmoid(b), g = softplus(a + dt_bias) * A; conv1d + SiLU on
     qkv; L2-normalised q, k shared by groups of value heads; the delta rule; RMSNorm(o) * gate(z) (SiLU,
     or the family's); out projection. `tiled`: value head j reads key head j % n_k (Qwen3.5 files, whose converter
@@ -120,7 +121,7 @@ class GatedDeltaNet(Weights):
         b, a = ba.chunk(2, dim=-1)
         return b.reshape(B, T, self.n_v), a.reshape(B, T, self.n_v)
 
-    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+    def scan(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         # x: [B, T, hidden]
         w, B, T = self.w, x.shape[0], x.shape[1]
         nk, nv, dk, dv = self.n_k, self.n_v, self.d_k, self.d_v

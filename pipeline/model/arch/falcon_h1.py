@@ -24,7 +24,6 @@ class FalconH1Layer(Layer):
 
 
 class FalconH1(DecoderArch):
-    packs_sequences = False    # its Mamba-2 layers carry a state along the row
     neox_rope = True
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS
 

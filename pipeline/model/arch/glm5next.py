@@ -122,6 +122,7 @@ class StreamMean(nn.Module):
 
 
 class Glm5Next(HyperConnections, KimiLinear):
+    packs_sequences = False    # its indexer pools keys by their place in the row
     numerics = 1
     own_head_required = True
     sliceable_experts = False   # a layer may hand the selection on beside its output: held whole (glm-dsa's)

@@ -68,7 +68,6 @@ class Granite(DecoderArch):
 
 
 class GraniteHybrid(Granite):
-    packs_sequences = False    # its Mamba-2 layers carry a state along the row
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS
     logit_scale_default = 0.0    # diff: its logit scale may be left out
 

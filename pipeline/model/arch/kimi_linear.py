@@ -20,18 +20,19 @@ from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 from torch import nn
 
-from .blocks import Weights, rms_norm, wide
+from .blocks import rms_norm, wide
 from .deepseek2 import Deepseek2
 from .delta_net import delta_rule_blockwise, l2_norm
 from .family import FLOAT32_TENSORS, LayerSpec
 from .loading import BlockTensors
+from .recurrent import RecurrentMixer
 from .shapes import expect
 from .ssm import SSM_FLOAT32_TENSORS, causal_conv1d
 
 KDA_BLOCK = 16
 
 
-class KimiDeltaAttention(Weights):
+class KimiDeltaAttention(RecurrentMixer):
     """x [B, T, hidden] -> [B, T, hidden]; `state` as GatedDeltaNet's."""
 
     def __init__(self, w: dict[str, torch.Tensor | None], n_head: int, d_k: int, eps: float):
@@ -42,7 +43,7 @@ class KimiDeltaAttention(Weights):
     def describe(self) -> str:
         return f"heads={self.n_head}, d_k={self.d_k}, conv={self.w['conv'].shape[-1]}"
 
-    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+    def scan(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         w, (B, T, _), h, dk = self.w, x.shape, self.n_head, self.d_k
         qkv = torch.cat([F.linear(x, w[name]) for name in self.projections], dim=-1)       # [B, T, 3 h dk]
         qkv, conv_state = causal_conv1d(qkv, w["conv"], None, (state or {}).get("conv"))
@@ -74,7 +75,6 @@ class KimiDeltaAttention(Weights):
 
 
 class KimiLinear(Deepseek2):
-    packs_sequences = False    # its KDA layers carry a state along the row
     numerics = 2   # 2: its latent-attention layers through SDPA's fused kernel (blocks.sdpa)
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS   # A and dt bias as Mamba2's
     # llama.cpp renormalises the top-k weights whatever expert_weights_norm says (a file that says

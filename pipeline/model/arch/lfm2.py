@@ -16,19 +16,20 @@ from gguf import TENSOR_NAMES, Keys
 from torch import nn
 
 from ...errors import UserError
-from .blocks import AttentionSpec, Weights
+from .blocks import AttentionSpec
 from .family import DecoderArch, LayerSpec
 from .loading import BlockTensors
+from .recurrent import RecurrentMixer
 from .ssm import causal_conv1d
 
 
-class ShortConv(Weights):
+class ShortConv(RecurrentMixer):
     """LFM2's gated short convolution: in_proj [3 hidden, hidden], conv [hidden, taps], out_proj."""
 
     def describe(self) -> str:
         return f"taps={self.w['conv'].shape[1]}"
 
-    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+    def scan(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         # x: [B, T, hidden]
         w = self.w
         b, c, h = F.linear(x, w["in"]).chunk(3, dim=-1)                            # [B, T, hidden] each
@@ -39,7 +40,6 @@ class ShortConv(Weights):
 
 
 class Lfm2(DecoderArch):
-    packs_sequences = False    # its short convolutions reach across the row
     neox_rope = True
     output_norm = MT.TOKEN_EMBD_NORM
     honours = frozenset({Keys.Attention.SLIDING_WINDOW, Keys.LLM.EXPERT_GATING_FUNC, Keys.LLM.EXPERT_WEIGHTS_SCALE,

@@ -19,7 +19,6 @@ class MambaLayers:
     """A family with Mamba-1 layers (mixed in before DecoderArch): the keys llama.cpp requires for
     them and their tensors' shapes, checked when the file is opened; the scan's block, counted
     by the preflight."""
-    packs_sequences = False    # its Mamba layers carry a state along the row
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS
     scan_floats = 4.5      # 9 x its inner width, the scan's block apart (measured: tests/test_activation_memory.py)
     norm_weights = False   # dt, B and C normed by the block's ssm_dt_norm, ssm_b_norm, ssm_c_norm (Jamba's)

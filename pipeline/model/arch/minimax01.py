@@ -27,10 +27,11 @@ from torch import nn
 
 from ...errors import UserError
 from .audit import equals
-from .blocks import AttentionSpec, Weights, rms_norm, wide
+from .blocks import AttentionSpec, rms_norm, wide
 from .family import FLOAT32_TENSORS, AttentionEveryNth, DecoderArch, HParams, LayerSpec
 from .loading import BlockTensors
 from .modules import Layer
+from .recurrent import RecurrentMixer
 from .shapes import expect
 
 LIGHTNING_BLOCK = 512   # llama.cpp's default ubatch: the block its graph takes a sequence in
@@ -92,7 +93,7 @@ def lightning_reference(q, k, v, slopes, scale: float, state=None):
     return torch.stack(out, dim=1), s
 
 
-class LightningAttention(Weights):
+class LightningAttention(RecurrentMixer):
     """x [B, T, hidden] -> [B, T, hidden]; `state` carries the decayed key-value products ("kv")."""
 
     def __init__(self, w: dict[str, torch.Tensor | None], n_head: int, head_dim: int, eps: float, scale: float):
@@ -102,7 +103,7 @@ class LightningAttention(Weights):
     def describe(self) -> str:
         return f"heads={self.n_head}, head_dim={self.head_dim}, slope scale={self.scale:g}"
 
-    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+    def scan(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         w, (B, T, _), h, d = self.w, x.shape, self.n_head, self.head_dim
         qkv = wide(F.silu(F.linear(x, w["qkv"]))).view(B, T, h, 3 * d)
         q, k, v = qkv.split(d, dim=-1)                                               # [B, T, h, d] each
@@ -133,7 +134,6 @@ class NormResidualLayer(Layer):
 
 
 class Minimax01(AttentionEveryNth, DecoderArch):
-    packs_sequences = False    # its lightning attention decays by place in the row
     neox_rope = True
     full_attention_interval = 8
     honours = frozenset({Keys.LLM.RESIDUAL_SCALE})

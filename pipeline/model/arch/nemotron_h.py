@@ -17,7 +17,6 @@ from .ssm import SSM_FLOAT32_TENSORS, read_mamba2
 
 
 class NemotronH(DecoderArch):
-    packs_sequences = False    # its Mamba-2 layers carry a state along the row
     numerics = 2            # 2: Mamba2's scan as group GEMMs (ssm.ssd_blockwise), rounding otherwise
     activation = staticmethod(relu2)
     expert_gating = "sigmoid"

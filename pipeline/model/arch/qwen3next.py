@@ -22,7 +22,6 @@ from .ssm import SSM_FLOAT32_TENSORS
 
 
 class Qwen3Next(AttentionEveryNth, DecoderArch):
-    packs_sequences = False    # its Gated DeltaNet layers carry a state along the row
     neox_rope = True
     fused_gate_up_experts = True
     tiled_value_heads = False   # value head j reads key head j // (n_v / n_k)

@@ -202,6 +202,7 @@ class Qwen4ExpLayer(StreamsLayer):
 
 
 class Qwen4Exp(HyperConnections, Qwen35):
+    packs_sequences = False    # its indexer pools keys by their place in the row
     delta_net_gate = staticmethod(torch.sigmoid)   # diff: Qwen3.5's output gate is a SiLU
     float32_tensors = FLOAT32_TENSORS + SSM_FLOAT32_TENSORS + (
         "ple_norm_key.weight", "ple_norm_query.weight", "ple_norm_conv.weight",

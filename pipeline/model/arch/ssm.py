@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from gguf import MODEL_TENSOR as MT
 from gguf import Keys
 
-from .blocks import Weights, rms_norm, wide
+from .blocks import rms_norm, wide
+from .recurrent import RecurrentMixer
 
 SCAN_BLOCK = 64
 # a Mamba-1 block's [positions, channels, state] float32 tensors stay under this per sequence; its
@@ -153,7 +154,7 @@ def ssd_blockwise(x, dt, A, B, C, state=None, block: int = SCAN_BLOCK):
     return y.view(b, c, h, block, p).transpose(2, 3).reshape(b, c * block, h, p)[:, :T], final
 
 
-class Mamba1(Weights):
+class Mamba1(RecurrentMixer):
     """in_proj -> (x, z); conv1d + SiLU on x; x_proj -> (dt, B, C), each RMS-normed where `normed`
     (by its weight where the block has one); dt_proj + bias; scan; + D x; * SiLU(z); out_proj."""
 
@@ -164,7 +165,7 @@ class Mamba1(Weights):
     def describe(self) -> str:
         return f"dt, B and C RMS-normed: {self.normed}"
 
-    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+    def scan(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         # x: [B, T, hidden]
         w = self.w
         d, n = w["A"].shape                                                    # inner width, state size
@@ -195,7 +196,7 @@ def read_mamba(arch, t, norm_weights: bool) -> Mamba1:
     return Mamba1(w, normed, arch.hp.eps)
 
 
-class Mamba2(Weights):
+class Mamba2(RecurrentMixer):
     """in_proj -> (z, xBC, dt); conv1d + SiLU on xBC; scan; + D x; * SiLU(z); grouped RMSNorm; out_proj."""
 
     def __init__(self, w: dict[str, torch.Tensor | None], n_head: int, n_group: int, d_state: int, eps: float):
@@ -206,7 +207,7 @@ class Mamba2(Weights):
     def describe(self) -> str:
         return f"heads={self.n_head}, groups={self.n_group}, d_state={self.d_state}, d_inner={self.d_inner}"
 
-    def forward(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
+    def scan(self, x: torch.Tensor, tables=None, state: dict | None = None) -> torch.Tensor:
         # x: [B, T, hidden]
         w, h, g, n, d = self.w, self.n_head, self.n_group, self.d_state, self.d_inner
         Bsz, T, _ = x.shape
