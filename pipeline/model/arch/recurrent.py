@@ -32,8 +32,9 @@ class RecurrentMixer(Weights):
         for end in range(1, len(sequence) + 1):
             if end < len(sequence) and (sequence[end], branch[end]) == (sequence[start], branch[start]):
                 continue
-            if branch[start] == 0:                   # a sequence's shared tokens: its branches start from here
-                shared = {}
+            if start == 0 or sequence[start] != sequence[start - 1]:
+                shared = {}                          # a sequence begins: from zeros
+            if branch[start] == 0:                   # its shared tokens: its branches start from the state they leave
                 out.append(self.scan(x[:, start:end], None, shared))
             else:
                 out.append(self.scan(x[:, start:end], None, dict(shared)))
