@@ -22,6 +22,8 @@ TASKS = {"hellaswag": ("hellaswag", "--hellaswag", "--hellaswag-tasks"),
          "arc-challenge": ("arc-challenge", "--multiple-choice", "--multiple-choice-tasks"),
          "arc-easy": ("arc-easy", "--multiple-choice", "--multiple-choice-tasks"),
          "mmlu": ("mmlu", "--multiple-choice", "--multiple-choice-tasks")}
+# llama-perplexity refuses a multiple-choice task with more answers than its parallel sequences (-np)
+LLAMA_PARALLEL = {"--multiple-choice": 8}
 # llama-perplexity's last accuracy line of each kind of task
 ACCURACY = {"--hellaswag": re.compile(r"^\d+\t([0-9.]+)%\t\[", re.M),
             "--winogrande": re.compile(r"Final Winogrande score\(\d+ tasks\): ([0-9.]+)"),
@@ -37,8 +39,10 @@ class Side:
 
 def llama_side(binary: Path, model: Path, file: Path, task: str, n_tasks: int, cfg: dict) -> Side:
     _, option, count = TASKS[task]
+    parallel = ["-np", str(LLAMA_PARALLEL[option])] if option in LLAMA_PARALLEL else []
     done, wall, _ = run_sampled([str(binary), "-m", str(model), "-f", str(file), option, count, str(n_tasks),
-                                 "-c", str(cfg["llama_ctx"]), "-t", str(cfg["threads"])], env=_env(cfg["threads"]))
+                                 "-c", str(cfg["llama_ctx"]), "-t", str(cfg["threads"]), *parallel],
+                                env=_env(cfg["threads"]))
     found = ACCURACY[option].findall(done.stdout + done.stderr)
     if done.returncode or not found:
         raise UserError(f"llama-perplexity {option} failed on {model}: {done.stderr.strip().splitlines()[-1:]}")
