@@ -215,7 +215,7 @@ def test_packed_rows_give_each_sequences_own_row_scores(name, member_model):
     assert packs(gguf) == arch.packs_sequences
     # rows of the first and third tasks (the third shares no token: its branches start from zeros), then
     # the second, each row padded
-    packed = packed_rows(tasks, task_width(tasks[0], True) + task_width(tasks[2], True) + 1)
+    packed = packed_rows(tasks, task_width(tasks[0]) + task_width(tasks[2]) + 1)
     single = choice_rows([c for t in tasks for c in t.choices], max(c.width for t in tasks for c in t.choices))
     assert packed.n_sequences == 2 and packed.layout[0, -1, 1] == 2 and packed.rows()[-1] == 0
     as_ids = [torch.from_numpy(p.ids).long() for p in (packed, single)]

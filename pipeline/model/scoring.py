@@ -90,11 +90,11 @@ def token_nll(head, rows: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def predicting(hidden: torch.Tensor, lo: int, hi: int, first_from: int | None = None) -> torch.Tensor:
+def predicting(hidden: torch.Tensor, lo: int, hi: int, first_from: int) -> torch.Tensor:
     """hidden [T, width] of one row -> [hi - lo, width]: the states that predict targets lo..hi-1,
-    target p from position p - 1, the first from `first_from` where given (a packed branch's: the
+    target p from position p - 1, the first from `first_from` (lo - 1, or a packed branch's: the
     shared tokens' last)."""
-    if first_from is None or first_from == lo - 1:
+    if first_from == lo - 1:
         return hidden[lo - 1:hi - 1]
     return torch.cat([hidden[first_from:first_from + 1], hidden[lo:hi - 1]])
 

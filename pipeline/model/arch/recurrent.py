@@ -34,9 +34,7 @@ class RecurrentMixer(Weights):
                 continue
             if start == 0 or sequence[start] != sequence[start - 1]:
                 shared = {}                          # a sequence begins: from zeros
-            if branch[start] == 0:                   # its shared tokens: its branches start from the state they leave
-                out.append(self.scan(x[:, start:end], None, shared))
-            else:
-                out.append(self.scan(x[:, start:end], None, dict(shared)))
+            # its shared tokens leave their state in `shared`; each branch starts from a copy of it
+            out.append(self.scan(x[:, start:end], None, shared if branch[start] == 0 else dict(shared)))
             start = end
         return torch.cat(out, dim=1)

@@ -32,6 +32,11 @@ class Choice:
         """Positions the sequence takes in its row."""
         return len(self.tokens) + (self.after is not None)
 
+    @property
+    def scored_end(self) -> int:
+        """One past the last target its row scores: its own, and the one after it, if any."""
+        return self.width if self.after is not None else self.hi
+
 
 @dataclass(frozen=True)
 class ChoiceTask:
@@ -151,7 +156,7 @@ def choice_rows(choices: list[Choice], ctx: int) -> SequencePlan:
         if c.after is not None:
             ids[r, len(c.tokens)] = c.after
     # a row's scored range covers its choice's targets and the target after it, if any
-    hi = [c.width if c.after is not None else c.hi for c in choices]
+    hi = [c.scored_end for c in choices]
     return SequencePlan(ids, np.array([c.lo for c in choices], np.int32), np.array(hi, np.int32), len(choices))
 
 
@@ -160,13 +165,14 @@ def shared_length(task: ChoiceTask) -> int:
     return min(common_prefix([list(c.tokens) for c in task.choices]), min(c.lo for c in task.choices))
 
 
-def task_width(task: ChoiceTask, packed: bool) -> int:
-    """Positions the task takes: packed, its shared tokens once and each sequence's own after
-    them; else its longest sequence's row."""
-    if not packed:
-        return max(c.width for c in task.choices)
-    shared = shared_length(task)
-    return shared + sum(c.width - shared for c in task.choices)
+def packed_width(shared: int, choices: tuple[Choice, ...]) -> int:
+    """Positions choices packed take: their shared tokens once and each one's own after them."""
+    return shared + sum(c.width - shared for c in choices)
+
+
+def task_width(task: ChoiceTask) -> int:
+    """Positions a whole task packed takes."""
+    return packed_width(shared_length(task), task.choices)
 
 
 def task_parts(task: ChoiceTask, ctx: int) -> list[tuple[int, tuple[Choice, ...]]]:
@@ -192,7 +198,7 @@ def packed_rows(tasks: tuple[ChoiceTask, ...], ctx: int) -> SequencePlan:
     parts in the tasks' order, and the rest of it is padding, a sequence of its own that no span
     reads."""
     units = [part for task in tasks for part in task_parts(task, ctx)]           # (shared, choices)
-    widths = [shared + sum(c.width - shared for c in choices) for shared, choices in units]
+    widths = [packed_width(*unit) for unit in units]
     room, members = [], []          # room: (free positions, row) of the rows so far, sorted; members: their units
     for u in sorted(range(len(units)), key=lambda u: -widths[u]):
         k = bisect.bisect_left(room, (widths[u], -1))                  # the fullest row it fits in
@@ -221,7 +227,7 @@ def packed_rows(tasks: tuple[ChoiceTask, ...], ctx: int) -> SequencePlan:
                                                     np.full(len(own), b)], -1)
             # position p of the choice's sequence lies at base + p (shared) or at + p - shared (its own)
             lo.append(at + c.lo - shared)
-            hi.append(at + (c.width if c.after is not None else c.hi) - shared)
+            hi.append(at + c.scored_end - shared)
             first_from.append(base + c.lo - 1 if c.lo - 1 < shared else at + c.lo - 1 - shared)
             span_rows.append(r)
             at += len(own)
@@ -258,4 +264,4 @@ def row_width(mode: type["ChoiceMode"], model_path: str, text, source: str, n_ta
     _, tasks = tokenized(mode, model_path, text, source, n_tasks, add_bos)
     if not packs(open_gguf(model_path)):
         return max(c.width for t in tasks for c in t.choices)
-    return max(max(task_width(t, True) for t in tasks), min(PACKED_ROW, context))
+    return max(max(map(task_width, tasks)), min(PACKED_ROW, context))
