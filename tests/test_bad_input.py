@@ -7,6 +7,7 @@ import luigi
 from gguf import GGMLQuantizationType
 
 from pipeline import LayerWindow, Tokenize
+from pipeline.store import outputs
 from pipeline.store.arrays import ChunkedArray
 
 from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline, small_disk, tree_digest
@@ -67,7 +68,9 @@ def test_boundary_from_another_run(tmp_path):
     params = {k: v for k, v in SMALL_PARAMS.items() if k != "window_layers"}
     ours = LayerWindow(run_root=str(tmp_path), bos="yes", placement="cpu:0:10,cpu:10:20,cpu:20:30",
                        first=0, last=10, **params)
-    foreign = next(d for d in (tmp_path / "LayerWindow").iterdir() if d.name != ours.out_dir().name)
+    # the other run's window of the same layers (the same weights: only the boundary tells them apart)
+    foreign = next(d for d in (tmp_path / "LayerWindow").iterdir()
+                   if d.name != ours.out_dir().name and outputs.read_manifest(d)["identity"]["layers"] == [0, 10])
     before = tree_digest(tmp_path)
     shutil.copytree(foreign, ours.out_dir())  # a completed window of the other run, in our place
     done = luigi_cli(*SMALL, "--bos", "yes", run_root=tmp_path)

@@ -42,7 +42,8 @@ def test_a_split_model_gives_the_whole_files_numbers_cycled_and_whole(how, smoll
         result = run_pipeline(tmp_path / how, model=str(folder / how), window_layers=window_layers, **common)
         assert result["mean_nll"] == reference["mean_nll"] and result["ppl"] == reference["ppl"]
         assert result["model"]["path"] == str(split[0]) and result["model"]["parts"] == [str(p) for p in split]
-        assert result["model"]["sha256"] != reference["model"]["sha256"]
+        assert result["model"]["id"] != reference["model"]["id"]
+        assert result["model"]["content_sha256"] != reference["model"]["content_sha256"]
 
 
 def test_a_split_moe_runs_in_expert_slices_as_the_whole_file(tiny_model, tmp_path):

@@ -128,7 +128,7 @@ class PerplexityRun(RunTask):
         hosts with other memory plan the same windows and share every output."""
         s = self.spec()
         # --sequences-per-chunk under its former name, so that records written before the rename hold
-        key = {"model": s.model_sha256, "device": device, "dtypes": dtypes, "gpu_layers": self.gpu_layers,
+        key = {"model": s.model_id, "device": device, "dtypes": dtypes, "gpu_layers": self.gpu_layers,
                "first_layer": self.first_layer, "ctx": s.method.ctx, "windows_per_chunk": self.sequences_per_chunk,
                **({"cycle": True} if self.cycle else {})}
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

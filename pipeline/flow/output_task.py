@@ -225,7 +225,7 @@ class OutputTask(RunTask):
 
     def commit(self, **manifest) -> None:
         s = self.spec()
-        run = {"model": {"path": str(s.model_path), "sha256": s.model_sha256}, "corpus": s.corpus_id,
+        run = {"model": {"path": str(s.model_path), "id": s.model_id}, "corpus": s.corpus_id,
                "method": s.method.as_dict()}
         outputs.commit(self.out_dir(), {"task": self.task_family, "identity": self.identity(), "run": run,
                                         "elapsed_s": time.time() - self.started + self.earlier_s,

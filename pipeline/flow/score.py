@@ -49,16 +49,28 @@ class Score(PlacedTask):
         return self.windows()[-1].device
 
     def identity(self):
-        identity = {"model": self.spec().model_sha256, "compute_dtype": self.dtype_name(self.device()),
+        identity = {"model": self.spec().model_id, "compute_dtype": self.dtype_name(self.device()),
                     **self.shard_identity(), **self.device_identity(), **self.numerics_identity(),
                     **self.mode_identity(), "scoring": numerics.SCORING}
         if self.base_is_model():
-            identity["kl_base"] = self.base_task().spec().model_sha256
+            identity["kl_base"] = self.base_task().spec().model_id
         elif self.kl_base:
             from ..gguf_io.registry import file_sha256
 
             identity["kl_base_file"] = file_sha256(Path(self.kl_base))
         return identity | ({"logits_out": LOGITS_FILE} if self.logits_out else {})
+
+    def weight_tensors(self) -> list[str]:
+        return list(self.spec().gguf.tensors)   # every tensor: its content_sha256 is the model's
+
+    def weight_contents(self) -> dict:
+        if not self.base_is_model():
+            return super().weight_contents()
+        base = self.base_task().weight_contents()["content_sha256"]
+        return super().weight_contents() | {"kl_base_content_sha256": base}
+
+    def model_files(self) -> list:
+        return super().model_files() + (self.base_task().model_files() if self.base_is_model() else [])
 
     def execute(self):
         import torch

@@ -27,6 +27,7 @@ from .output_task import OutputTask, under_root
 
 log = logging.getLogger("layercycle")
 RECOUNT_S = 10.0    # how often a window task looks again at which runs of its sweeps are done
+MODEL_FILES = "model-files.json"   # in a work folder: the model files its chunks were computed from
 
 
 class Tokenize(OutputTask):
@@ -127,8 +128,55 @@ class PlacedTask(OutputTask):
             torch.cuda.set_per_process_memory_fraction(min(1.0, parse_size(self.device_memory) / total), device)
 
     def complete(self) -> bool:
+        if not super().complete():
+            return False
+        manifest = outputs.read_manifest(self.out_dir())
         # a boundary removed once its consumer completed must be recomputed for a new consumer
-        return super().complete() and not outputs.read_manifest(self.out_dir()).get("boundary_removed")
+        return not manifest.get("boundary_removed") and self.same_weights(manifest)
+
+    def weight_tensors(self) -> list[str]:
+        """The model's tensors this output's numbers depend on (identity.boundary_tensors)."""
+        raise NotImplementedError
+
+    def weight_contents(self) -> dict:
+        """The sha256 over the weights this output is computed from, as its manifest records it."""
+        return {"content_sha256": self.spec().gguf.identity.content(self.weight_tensors())}
+
+    def same_weights(self, manifest: dict) -> bool:
+        """Whether the model file in hand holds the weights this output was computed from: a
+        file with the identity of another (identity.py) never takes over that one's outputs."""
+        unread = self.spec().gguf.identity.unread_bytes(self.weight_tensors())
+        if unread:
+            log.info(f"{self.label()}: reading {unread / 2**30:,.2f} GiB of {self.spec().model_path.name} to check "
+                     f"that it holds the weights output {self.out_dir().name} was computed from")
+        contents = self.weight_contents()
+        if {k: manifest.get(k) for k in contents} == contents:
+            return True
+        if not self.__dict__.get("_told"):   # Luigi asks a task whether it is complete more than once
+            self._told = True
+            log.warning(f"{self.label()}: {self.spec().model_path.name} has the identity of the file its output "
+                        f"{self.out_dir().name} was computed from, but other weights: it is computed again")
+        return False
+
+    def model_files(self) -> list:
+        """The files (identity.file_instance) of the models whose weights this output reads."""
+        return self.spec().gguf.identity.instance
+
+    def begin(self) -> Path:
+        """OutputTask.begin; chunks an earlier attempt computed from another file than the one in
+        hand (a copy, an edited file) are dropped, not resumed."""
+        work, files = outputs.partial_dir(self.out_dir()), self.model_files()
+        if (work / MODEL_FILES).exists() and json.loads((work / MODEL_FILES).read_text()) != files:
+            log.info(f"{self.label()}: the chunks computed so far were computed from another file; they are dropped")
+            outputs.remove_tree(work)
+        work = super().begin()
+        outputs.write_json(work / MODEL_FILES, files)
+        return work
+
+    def commit(self, **manifest) -> None:
+        contents = self.weight_contents()
+        self.spec().gguf.identity.save()
+        super().commit(**contents, **manifest)
 
     def source_task(self):
         """The task whose boundary this one consumes."""
@@ -252,8 +300,13 @@ class Embed(PlacedTask):
         return self.clone(Tokenize)
 
     def identity(self):
-        return {"model": self.spec().model_sha256, "boundary_dtype": self.boundary_dtype, **self.shard_identity(),
+        return {"model": self.spec().model_id, "boundary_dtype": self.boundary_dtype, **self.shard_identity(),
                 **self.numerics_identity()}
+
+    def weight_tensors(self) -> list[str]:
+        from ..gguf_io.identity import boundary_tensors
+
+        return boundary_tensors(self.spec().gguf, 0)
 
     def execute(self):
         import torch
@@ -296,12 +349,17 @@ class LayerWindow(PlacedTask):
         return self.window().device
 
     def identity(self):
-        return {"model": self.spec().model_sha256, "layers": [self.first, self.last],
+        return {"model": self.spec().model_id, "layers": [self.first, self.last],
                 "compute_dtype": self.dtype_name(self.device()), "boundary_dtype": self.boundary_dtype,
                 **self.shard_identity(), **self.device_identity(), **self.numerics_identity(), **self.mode_identity()}
 
     def label(self):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
+
+    def weight_tensors(self) -> list[str]:
+        from ..gguf_io.identity import boundary_tensors
+
+        return boundary_tensors(self.spec().gguf, self.last)
 
     def pass_position(self) -> tuple[int, int, int, int]:
         """(layers before this window, in it, in the trunk, runs of a sweep after this one), for

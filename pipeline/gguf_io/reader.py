@@ -119,6 +119,7 @@ class GGUFFile:
         if not isinstance(align, int) or align <= 0 or align & (align - 1):
             raise UserError(f"{self.path}: {Keys.General.ALIGNMENT} = {align} is not a power of two")
         data_start = (pos + align - 1) // align * align
+        self.header_bytes = pos   # metadata and tensor infos: what the file says of itself
         self.tensors: dict[str, TensorInfo] = {}
         for name, (dims, qtype, rel) in infos.items():
             if rel % align:
@@ -180,6 +181,7 @@ class GGUFIndex:
         self.path, self.parts = first.path, [f.path for f in files]
         self.version, self.metadata, self.spans, self._map = first.version, first.metadata, first.spans, first.map
         self._maps = [f.map for f in files]
+        self.header_bytes = [f.header_bytes for f in files]
         self.forget_used = False   # a tensor's pages dropped from the page cache once it is dequantized
         self.tensors: dict[str, TensorInfo] = {}
         for part, f in enumerate(files):
@@ -193,6 +195,17 @@ class GGUFIndex:
             if claimed != len(self.tensors):
                 raise UserError(f"{first.path} says its {len(files)} parts hold {claimed} tensors; they hold "
                                 f"{len(self.tensors)}: a part of another split model")
+
+    @functools.cached_property
+    def identity(self):
+        """Its identity, and the sha256 of its tensors as a pass reads them (identity.py)."""
+        from .identity import FileIdentity
+
+        return FileIdentity(self)
+
+    def header(self, part: int) -> memoryview:
+        """Part `part`'s header bytes: its metadata and tensor infos."""
+        return memoryview(self._maps[part])[:self.header_bytes[part]]
 
     @property
     def n_bytes(self) -> int:

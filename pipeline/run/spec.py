@@ -1,8 +1,9 @@
 """Everything a run's numbers depend on, resolved once from the user's options.
 
-Model alias -> verified file and its sha256; evaluation task + overrides -> scoring method;
-corpus -> sha256; tokenizer -> fingerprint of its GGUF metadata (so quantizations of one model
-share their tokenization). These identities feed the output-path hashes of the Luigi tasks.
+Model alias -> verified file and its identity (read in milliseconds: gguf_io/identity.py);
+evaluation task + overrides -> scoring method; corpus -> sha256; tokenizer -> fingerprint of its
+GGUF metadata (so quantizations of one model share their tokenization). These identities feed
+the output-path hashes of the Luigi tasks.
 """
 import functools
 import hashlib
@@ -13,7 +14,7 @@ from gguf import Keys
 
 from ..errors import UserError
 from ..gguf_io.reader import GGUFIndex, open_gguf
-from ..gguf_io.registry import file_sha256, model_sha256, registry, resolve_model
+from ..gguf_io.registry import file_sha256, resolve_model
 from ..gguf_io.tokenizer import bos_rule
 from .corpus_plan import Method
 from .evaltask import EvalTask, corpus_text, load_eval_task, text_sha256
@@ -22,7 +23,7 @@ from .evaltask import EvalTask, corpus_text, load_eval_task, text_sha256
 @dataclass(frozen=True)
 class RunSpec:
     model_path: Path
-    model_sha256: str
+    model_id: str
     eval_task: EvalTask
     corpus: str          # --corpus PATH, or "" for the task's own source
     tokens_file: str     # pre-tokenized input, replacing corpus + tokenizer
@@ -67,8 +68,6 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
     eval_task = load_eval_task(task)
     path = resolve_model(model)
     gguf = open_gguf(str(path))
-    known = registry().get(model)
-    sha = known["sha256"] if known else model_sha256(gguf.parts)
     defaults = eval_task.method
     files = {"hellaswag": (hellaswag, hellaswag_tasks), "winogrande": (winogrande, winogrande_tasks),
              "multiple-choice": (multiple_choice, multiple_choice_tasks)}
@@ -110,4 +109,4 @@ def resolve_run(model: str, task: str, corpus: str, tokens_file: str, method: st
         what = "--tokens-file" if tokens_file else f"the {name} method, which reads its file as it is"
         raise UserError(f"--escape applies to a text read as llama-perplexity reads -f (the llama-cpp, hellaswag "
                         f"and winogrande methods), not to {what}")
-    return RunSpec(path, sha, eval_task, corpus, tokens_file, m, escape)
+    return RunSpec(path, gguf.identity.model_id, eval_task, corpus, tokens_file, m, escape)

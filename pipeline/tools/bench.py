@@ -25,7 +25,6 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..gguf_io.reader import open_gguf
-from ..gguf_io.registry import model_sha256
 from ..paths import CONFIGS, REPO_ROOT
 from .llamacpp import FINAL, llama_perplexity, parse_final_estimate
 
@@ -266,8 +265,6 @@ def main(argv=None) -> int:
         results, n_layers = {}, {}
         for alias in cfg["models"]:
             model = model_path(alias, cfg)
-            # the model's identity is hashed once per file and cached: done here, not in a timed run
-            model_sha256(open_gguf(str(model)).parts)
             rows = bench_model(alias, model, binary, cfg)
             print_table(alias, rows)
             results[alias] = rows

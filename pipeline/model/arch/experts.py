@@ -88,6 +88,7 @@ class SlicedExperts(Weights):
         for role, name in self.names.items():
             info, out, raw = self.gguf.tensors[name], self.w[role][:b - a], self.gguf.raw(name)[a:b]
             loaded[role] = as_read(dequantize(raw, info.qtype, self.device, name, out.dtype, out=out), raw, info.qtype)
+            self.gguf.identity.seen(name, raw, first=a)
             self.gguf.release_pages(name)
         if "gate_up" in loaded:
             loaded["gate"], loaded["up"] = split_gate_up(loaded.pop("gate_up"))
