@@ -22,7 +22,9 @@ import functools
 import hashlib
 import json
 import os
+import queue
 import struct
+import threading
 
 from .. import paths
 
@@ -63,6 +65,8 @@ class FileIdentity:
         self.record = paths.MODELS_CACHE / "digests" / f"{key}.json"
         self.known: dict[str, str] = self.recorded()    # tensor -> sha256
         self.slices: dict[str, dict[int, bytes]] = {}   # a tensor read in outer slices: theirs so far
+        self.hasher: tuple[int, queue.Queue] | None = None   # (process, its hashing thread's jobs)
+        self.failed: BaseException | None = None
 
     @functools.cached_property
     def model_id(self) -> str:
@@ -89,9 +93,39 @@ class FileIdentity:
             return {}
         return record.get("tensors", {}) if record.get("instance") == self.instance else {}
 
-    def seen(self, name: str, raw, first: int = 0) -> None:
+    def seen(self, name: str, raw, first: int = 0, then=lambda: None) -> None:
         """Tensor `name`'s bytes `raw` (TensorInfo.raw's layout) as the pass read them: the whole
-        tensor, or of one with three or more dimensions the outer slices from `first` on."""
+        tensor, or of one with three or more dimensions the outer slices from `first` on. They are
+        hashed in a thread beside the pass (hashlib leaves the GIL), then `then()` runs (the
+        tensor's pages released: released before, they would be read again)."""
+        if name in self.known:
+            then()
+            return
+        if self.hasher is None or self.hasher[0] != os.getpid():   # none yet, or a forked process's
+            jobs = queue.Queue()
+            threading.Thread(target=self.hash_jobs, args=(jobs,), name="tensor-sha256", daemon=True).start()
+            self.hasher = os.getpid(), jobs
+        self.hasher[1].put((name, raw, first, then))
+
+    def hash_jobs(self, jobs: queue.Queue) -> None:
+        while True:
+            name, raw, first, then = jobs.get()
+            try:
+                self.hash(name, raw, first)
+                then()
+            except BaseException as e:   # raised in the pass's thread by flush()
+                self.failed = e
+            finally:
+                jobs.task_done()
+
+    def flush(self) -> None:
+        """Wait until every tensor seen so far is hashed."""
+        if self.hasher is not None and self.hasher[0] == os.getpid():
+            self.hasher[1].join()
+        if self.failed is not None:
+            raise self.failed
+
+    def hash(self, name: str, raw, first: int) -> None:
         if name in self.known:
             return
         if raw.ndim < 3:
@@ -110,9 +144,10 @@ class FileIdentity:
         """sha256 over the model's id and the sha256s of the tensors `names`, in file order: what an
         output whose numbers depend on them records. Tensors the pass has not read are read now."""
         infos = sorted((self.gguf.tensors[n] for n in names), key=lambda t: (t.part, t.offset))
+        self.flush()
         for t in infos:
             if t.name not in self.known:
-                self.seen(t.name, self.gguf.raw(t.name))
+                self.hash(t.name, self.gguf.raw(t.name), 0)
                 self.gguf.release_pages(t.name)
         h = hashlib.sha256(self.model_id.encode())
         for t in infos:
@@ -121,9 +156,11 @@ class FileIdentity:
 
     def unread_bytes(self, names) -> int:
         """What `content(names)` would read of the file: the tensors whose sha256 is not known yet."""
+        self.flush()
         return sum(self.gguf.tensors[n].n_bytes for n in names if n not in self.known)
 
     def save(self) -> None:
         """Keep the sha256s known so far for later runs of this file (beside those another process kept)."""
+        self.flush()
         self.known = self.recorded() | self.known
         paths.keep_in_cache(self.record, json.dumps({"instance": self.instance, "tensors": self.known}))

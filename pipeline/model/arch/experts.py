@@ -8,6 +8,7 @@ before the next (model/sliced.py), so each expert is read once per pass; called 
 one at a time in index order and their outputs are summed in the same order, so a sliced layer
 gives the held layer's numbers bit for bit.
 """
+import functools
 import math
 
 import torch
@@ -88,8 +89,7 @@ class SlicedExperts(Weights):
         for role, name in self.names.items():
             info, out, raw = self.gguf.tensors[name], self.w[role][:b - a], self.gguf.raw(name)[a:b]
             loaded[role] = as_read(dequantize(raw, info.qtype, self.device, name, out.dtype, out=out), raw, info.qtype)
-            self.gguf.identity.seen(name, raw, first=a)
-            self.gguf.release_pages(name)
+            self.gguf.identity.seen(name, raw, first=a, then=functools.partial(self.gguf.release_pages, name))
         if "gate_up" in loaded:
             loaded["gate"], loaded["up"] = split_gate_up(loaded.pop("gate_up"))
         return a, loaded["up"], loaded["down"], loaded.get("gate")

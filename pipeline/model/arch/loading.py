@@ -20,8 +20,7 @@ def read_tensor(gguf: GGUFIndex, name: str, device, dtype, weights: WeightBlock 
     out = weights.take(info.shape, dtype) if weights is not None else None
     raw = gguf.raw(name)
     t = as_read(dequantize(raw, info.qtype, device, name, dtype, out=out), raw, info.qtype)
-    gguf.identity.seen(name, raw)
-    gguf.release_pages(name)
+    gguf.identity.seen(name, raw, then=lambda: gguf.release_pages(name))
     return t
 
 
