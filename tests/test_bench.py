@@ -27,12 +27,12 @@ def test_time_split_separates_io_and_scoring():
     manifests = [
         {"task": "Tokenize", "seconds": {}},
         {"task": "Embed", "seconds": {"read": 0.1, "compute": 0.5, "write": 0.2}},
-        {"task": "LayerWindow", "seconds": {"load": 1.0, "read": 0.3, "compute": 4.0, "write": 0.4},
-         "weight_read_wait_s": 0.6},
+        {"task": "LayerWindow", "seconds": {"load": 0.1, "read": 0.3, "compute": 4.0, "write": 0.4},
+         "weight_read_wait_s": 0.6, "weight_load_s": 0.9, "weight_load_waited_s": 0.2},
         {"task": "Score", "seconds": {"load": 0.5, "read": 0.1, "compute": 2.0, "write": 0.1}},
     ]
-    assert _split(manifests) == pytest.approx({"load": 1.0, "read_wait": 0.6, "compute": 4.5, "io": 1.0,
-                                               "scoring": 2.7})
+    assert _split(manifests) == pytest.approx({"load": 1.0, "read_wait": 0.6, "load_hidden": 0.7, "compute": 4.3,
+                                               "io": 1.0, "scoring": 2.7})
 
 
 SYNTHETIC = {   # tiny shapes of the synthetic families (pipeline/tools/synthetic.py)

@@ -418,13 +418,14 @@ class LayerWindow(PlacedTask):
                                          self.chunk_layout(i)),
                               load, write_behind=device.startswith("cuda"))
         peaks = device_peaks_mb(device)
+        loading = {}
         if loaded:
+            weight_bytes, loading = loaded[0].weight_bytes, loaded[0].loading()
             loaded[0].release()
-            weight_bytes = loaded[0].weight_bytes
         else:  # every chunk was there already: the weights were never loaded
             weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
-        self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices,
+        self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices, **loading,
                     weight_file_bytes_read=FILE_BYTES_READ[0] - read_before,
                     weight_read_wait_s=round(READ_WAIT_S[0] - wait_before, 3), **peaks, **stats)
 

@@ -7,6 +7,7 @@ gguf-py has no dequantizer for (Q1_0, Q2_0) follow ggml's dequantize_row_* the s
 """
 import functools
 import mmap
+import threading
 import time
 
 import numpy as np
@@ -417,6 +418,7 @@ PIECE_VALUES = 1 << 19
 GPU_PIECE_VALUES = 1 << 22
 
 
+DEQUANTIZING = threading.RLock()
 FILE_BYTES_READ = [0]   # bytes of the file dequantized by this process: what a task reads of its weights
 READ_WAIT_S = [0.0]     # seconds spent faulting those bytes in from the file, apart from dequantizing them
 
@@ -440,7 +442,15 @@ def dequantize(raw: np.ndarray, qtype: GGMLType, device: torch.device | str = "c
     """uint8 (..., row_bytes) in GGML `qtype` -> `dtype` (..., row_length) on `device`: the
     float32 values cast to `dtype`, piece by piece; into `out` where it is given (a contiguous
     tensor of that shape, dtype and device). A type without a torch dequantizer goes through
-    gguf-py's numpy one on the host, in the same pieces, so no copy of the whole tensor is made."""
+    gguf-py's numpy one on the host, in the same pieces, so no copy of the whole tensor is made.
+    One tensor at a time in a process (a window's layers load in a thread beside its computation,
+    which may dequantize too): the staging buffers and the compiled loops' threads are shared."""
+    with DEQUANTIZING:
+        return _dequantize(raw, qtype, device, name, dtype, out)
+
+
+def _dequantize(raw: np.ndarray, qtype: GGMLType, device, name: str, dtype: torch.dtype,
+                out: torch.Tensor | None) -> torch.Tensor:
     block, type_size = QUANT_SIZES[qtype]
     out_shape = (*raw.shape[:-1], raw.shape[-1] // type_size * block)
     FILE_BYTES_READ[0] += raw.nbytes

@@ -5,7 +5,8 @@ Knows neither Luigi nor Zarr: it takes and returns float32 CPU tensors of shape
 beside it) so the caller can store them wherever it likes. Each of the B rows is one
 sequence: recurrent layers start every row from a zero state, so nothing crosses a
 sequence or a layer cut. The weights of the window are one block (weight_block.py),
-which on the CPU a released window leaves to the next.
+which on the CPU a released window leaves to the next; its layers are loaded into it by a thread
+while the first chunk computes with those already loaded (layer_loading.py).
 """
 import torch
 
@@ -13,6 +14,7 @@ from ..gguf_io.dequant import plan_host_load
 from .arch.blocks import module_bytes
 from .arch.family import DecoderArch
 from .arch.modules import Tables
+from .layer_loading import LayersLoading
 from .weight_block import WeightBlock
 
 
@@ -27,10 +29,21 @@ class WindowExecutor:
             plan_host_load(sum(t.n_bytes for i in range(arch.hp.n_layers) for t in arch.gguf.layer_tensors(i)))
         # > 1: each MoE layer's routed experts are read in this many slices while it runs
         self.weights = WeightBlock.for_layers(arch, first, last, dtype, self.device, expert_slices)
-        self.layers = [arch.load_layer(i, self.device, dtype, self.weights, expert_slices) for i in range(first, last)]
         self.token_inputs = arch.token_inputs(first, last, self.device, dtype)   # per-layer inputs from the ids
-        self.weight_bytes = sum(module_bytes(m) for m in [*self.layers, self.token_inputs] if m is not None)
+        # loaded by a thread while the first chunk computes with those already there (layer_loading.py)
+        self.layers = LayersLoading(lambda i: arch.load_layer(i, self.device, dtype, self.weights, expert_slices),
+                                    range(first, last), self.device)
         self._tables: dict[int, Tables] = {}
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(module_bytes(m) for m in [*self.layers.all(), self.token_inputs] if m is not None)
+
+    def loading(self) -> dict:
+        """For the manifest: the seconds the layers took to load and, of them, those the computation
+        waited for (the rest it hid)."""
+        self.layers.all()
+        return {"weight_load_s": round(self.layers.load_s, 3), "weight_load_waited_s": round(self.layers.waited_s, 3)}
 
     @torch.inference_mode()
     def __call__(self, hidden: torch.Tensor, state: dict | None = None,
@@ -42,8 +55,8 @@ class WindowExecutor:
         tables = self.tables(hidden.shape[1], layout)
         inputs = None if self.token_inputs is None else self.token_inputs(ids)   # {layer: [B, T, width]}
         x = hidden.to(self.device, self.dtype)
-        for k, layer in enumerate(self.layers):
-            i = self.first + k
+        for k in range(len(self.layers)):
+            i, layer = self.first + k, self.layers[k]
             args = (x, tables, None if state is None else state.setdefault(i, {}))
             x = layer(*args) if inputs is None else layer(*args, inputs.get(i))
         return x.to("cpu", torch.float32)
@@ -58,7 +71,8 @@ class WindowExecutor:
         return self._tables.setdefault(T, Tables(T, self.device, self.dtype))
 
     def release(self) -> None:
-        self.layers.clear()
+        self.layers.finish()
+        self.layers = None
         self.token_inputs = None
         self._tables.clear()
         self.weights.keep()

@@ -85,7 +85,7 @@ class SlicedLayer:
     def __init__(self, arch: DecoderArch, i: int, device: str, dtype: torch.dtype, expert_slices: int):
         self.arch, self.index = arch, i
         self.window = WindowExecutor(arch, i, i + 1, device, dtype, expert_slices)
-        self.layer = self.window.layers[0]
+        self.layer = self.window.layers.all()[0]
         blocks = list(self.layer.children())
         moe = [b for b in blocks if isinstance(b, MoE) and isinstance(b.experts, SlicedExperts)]
         if len(moe) != 1:
@@ -240,6 +240,9 @@ class SlicedLayer:
     @property
     def weight_bytes(self) -> int:
         return self.window.weight_bytes
+
+    def loading(self) -> dict:
+        return self.window.loading()
 
     def release(self) -> None:
         self.slice = None

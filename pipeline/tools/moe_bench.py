@@ -27,6 +27,7 @@ def time_window(arch, first: int, last: int, dtype, slices: int, batch: int, ctx
     """(seconds to load the window, median seconds of one chunk of `batch` sequences)."""
     start = time.perf_counter()
     window = WindowExecutor(arch, first, last, "cpu", dtype, expert_slices=slices)
+    window.layers.all()   # loaded whole: the chunks are timed alone
     load = time.perf_counter() - start
     ids = torch.randint(0, arch.hp.vocab, (batch, ctx), generator=torch.Generator().manual_seed(0))
     hidden = arch.embed(ids, "cpu", torch.float32)
@@ -69,6 +70,7 @@ def time_split(arch, first: int, last: int, dtype, batch: int, ctx: int) -> dict
     from torch.profiler import ProfilerActivity, profile
 
     window = WindowExecutor(arch, first, last, "cpu", dtype)
+    window.layers.all()   # loaded whole: the profile holds one chunk's operators only
     ids = torch.randint(0, arch.hp.vocab, (batch, ctx), generator=torch.Generator().manual_seed(0))
     hidden = arch.embed(ids, "cpu", torch.float32)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
