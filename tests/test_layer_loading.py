@@ -69,3 +69,18 @@ def test_a_layer_that_cannot_load_stops_the_chunk_that_reaches_it(smollm2, monke
     assert ("computed", 1) in events and ("loaded", 3) not in events   # nothing loaded past it
     window.release()
     drop_kept()
+
+
+def test_a_window_released_after_a_failure_loads_no_more_layers(smollm2, monkeypatch):
+    """A chunk that fails (the device out of memory, say) ends the window: its loader stops
+    after the layer it is loading, not dequantizing the rest into memory no one uses."""
+    arch, x = smollm2
+    events = []
+    slowed(arch, monkeypatch, events)
+    window = WindowExecutor(arch, 0, 4, "cpu", torch.float32)
+    window.layers[0].forward = lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("no room"))
+    with pytest.raises(torch.OutOfMemoryError):
+        window(x)
+    window.release()
+    assert ("loaded", 0) in events and ("loaded", 3) not in events
+    drop_kept()

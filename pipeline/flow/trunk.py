@@ -145,11 +145,14 @@ class PlacedTask(OutputTask):
     def same_weights(self, manifest: dict) -> bool:
         """Whether the model file in hand holds the weights this output was computed from: a
         file with the identity of another (identity.py) never takes over that one's outputs."""
-        unread = self.spec().gguf.identity.unread_bytes(self.weight_tensors())
+        identity = self.spec().gguf.identity
+        unread = identity.unread_bytes(self.weight_tensors())
         if unread:
             log.info(f"{self.label()}: reading {unread / 2**30:,.2f} GiB of {self.spec().model_path.name} to check "
                      f"that it holds the weights output {self.out_dir().name} was computed from")
         contents = self.weight_contents()
+        if unread:
+            identity.save()   # a later run of this file reads nothing to know them
         if {k: manifest.get(k) for k in contents} == contents:
             return True
         if not self.__dict__.get("_told"):   # Luigi asks a task whether it is complete more than once
@@ -409,20 +412,24 @@ class LayerWindow(PlacedTask):
             self.read_ahead_next()
             return lambda i, chunk: loaded[0](torch.from_numpy(chunk[0]), ids=chunk[1], layout=chunk[2]).numpy()
 
-        if slices > 1:
-            stats = self.fill_in_slices(work, source, device, dtype, slices, loaded)
-        else:  # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
-            n, ctx, _ = source.array.shape
-            stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)), self.boundary_dtype,
-                              lambda i: (source.read_chunk(i), self.chunk_ids(i) if arch.takes_token_ids else None,
-                                         self.chunk_layout(i)),
-                              load, write_behind=device.startswith("cuda"))
-        peaks = device_peaks_mb(device)
-        loading = {}
-        if loaded:
-            weight_bytes, loading = loaded[0].weight_bytes, loaded[0].loading()
-            loaded[0].release()
-        else:  # every chunk was there already: the weights were never loaded
+        try:
+            if slices > 1:
+                stats = self.fill_in_slices(work, source, device, dtype, slices, loaded)
+            else:  # on CUDA a chunk's compression and checksum would hold the GPU idle: written behind
+                n, ctx, _ = source.array.shape
+                stats = self.fill(work / "boundary.zarr", (n, ctx, arch.boundary_width(self.last)),
+                                  self.boundary_dtype,
+                                  lambda i: (source.read_chunk(i), self.chunk_ids(i) if arch.takes_token_ids else None,
+                                             self.chunk_layout(i)),
+                                  load, write_behind=device.startswith("cuda"))
+            peaks = device_peaks_mb(device)
+            loading = {}
+            if loaded:
+                weight_bytes, loading = loaded[0].weight_bytes, loaded[0].loading()
+        finally:   # a window that failed stops loading its layers too
+            if loaded:
+                loaded[0].release()
+        if not loaded:  # every chunk was there already: the weights were never loaded
             weight_bytes = sum(layer_weight_bytes(self.spec().gguf, i, dtype)
                                for i in range(self.first, self.last))
         self.commit(device=device, weight_bytes=weight_bytes, expert_slices=slices, **loading,

@@ -31,6 +31,7 @@ from .. import paths
 SAMPLES = 8             # spans of each tensor read for the identity
 SAMPLE_BYTES = 4096     # bytes of each span
 HEAD_PREFIXES = ("output.", "output_norm.")   # the output norm and LM head: read by Score only
+HASHES_AHEAD = 4   # tensors read and waiting for their sha256 (their pages held until then) at most
 
 
 def sample_spans(info) -> list[tuple[int, int]]:
@@ -43,16 +44,20 @@ def sample_spans(info) -> list[tuple[int, int]]:
 
 def file_instance(path) -> list:
     """What tells this file from another at its path, or an edited one: path, size, modification
-    time and inode."""
+    and change times (a modification time set back changes the latter) and inode."""
     st = os.stat(path)
-    return [str(path), st.st_size, st.st_mtime_ns, st.st_ino]
+    return [str(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def boundary_tensors(gguf, last: int) -> list[str]:
     """The tensors the hidden state at layer cut `last` depends on: those outside the blocks
     (the output norm's and head's aside) and the blocks before `last`."""
+    def before(name: str) -> bool:
+        block = name.split(".")[1]
+        return not block.isdigit() or int(block) < last     # a `blk.` name without a number: counted always
+
     return [name for name in gguf.tensors
-            if (int(name.split(".")[1]) < last if name.startswith("blk.") else not name.startswith(HEAD_PREFIXES))]
+            if (before(name) if name.startswith("blk.") else not name.startswith(HEAD_PREFIXES))]
 
 
 class FileIdentity:
@@ -63,7 +68,8 @@ class FileIdentity:
         self.instance = [file_instance(p) for p in gguf.parts]
         key = hashlib.sha256(json.dumps(self.instance).encode()).hexdigest()[:32]
         self.record = paths.MODELS_CACHE / "digests" / f"{key}.json"
-        self.known: dict[str, str] = self.recorded()    # tensor -> sha256
+        self.read_at, self.kept = None, {}                # the record as last read: (mtime, size), its sha256s
+        self.known: dict[str, str] = dict(self.recorded())    # tensor -> sha256
         self.slices: dict[str, dict[int, bytes]] = {}   # a tensor read in outer slices: theirs so far
         self.hasher: tuple[int, queue.Queue] | None = None   # (process, its hashing thread's jobs)
         self.failed: BaseException | None = None
@@ -87,11 +93,16 @@ class FileIdentity:
         return h.hexdigest()
 
     def recorded(self) -> dict[str, str]:
+        """The sha256s kept for this file, read again only when the record changed."""
         try:
-            record = json.loads(self.record.read_text())
+            st = self.record.stat()
+            if self.read_at != (st.st_mtime_ns, st.st_size):
+                record = json.loads(self.record.read_text())
+                self.read_at = st.st_mtime_ns, st.st_size
+                self.kept = record.get("tensors", {}) if record.get("instance") == self.instance else {}
         except (OSError, ValueError):
             return {}
-        return record.get("tensors", {}) if record.get("instance") == self.instance else {}
+        return self.kept
 
     def seen(self, name: str, raw, first: int = 0, then=lambda: None) -> None:
         """Tensor `name`'s bytes `raw` (TensorInfo.raw's layout) as the pass read them: the whole
@@ -102,7 +113,7 @@ class FileIdentity:
             then()
             return
         if self.hasher is None or self.hasher[0] != os.getpid():   # none yet, or a forked process's
-            jobs = queue.Queue()
+            jobs = queue.Queue(maxsize=HASHES_AHEAD)
             threading.Thread(target=self.hash_jobs, args=(jobs,), name="tensor-sha256", daemon=True).start()
             self.hasher = os.getpid(), jobs
         self.hasher[1].put((name, raw, first, then))
@@ -123,7 +134,8 @@ class FileIdentity:
         if self.hasher is not None and self.hasher[0] == os.getpid():
             self.hasher[1].join()
         if self.failed is not None:
-            raise self.failed
+            failed, self.failed = self.failed, None
+            raise failed
 
     def hash(self, name: str, raw, first: int) -> None:
         if name in self.known:
@@ -144,7 +156,7 @@ class FileIdentity:
         """sha256 over the model's id and the sha256s of the tensors `names`, in file order: what an
         output whose numbers depend on them records. Tensors the pass has not read are read now."""
         infos = sorted((self.gguf.tensors[n] for n in names), key=lambda t: (t.part, t.offset))
-        self.flush()
+        self.refresh()
         for t in infos:
             if t.name not in self.known:
                 self.hash(t.name, self.gguf.raw(t.name), 0)
@@ -156,11 +168,15 @@ class FileIdentity:
 
     def unread_bytes(self, names) -> int:
         """What `content(names)` would read of the file: the tensors whose sha256 is not known yet."""
-        self.flush()
+        self.refresh()
         return sum(self.gguf.tensors[n].n_bytes for n in names if n not in self.known)
+
+    def refresh(self) -> None:
+        """The sha256s this process hashed and those other processes (a task's workers) kept since."""
+        self.flush()
+        self.known = self.recorded() | self.known
 
     def save(self) -> None:
         """Keep the sha256s known so far for later runs of this file (beside those another process kept)."""
-        self.flush()
-        self.known = self.recorded() | self.known
+        self.refresh()
         paths.keep_in_cache(self.record, json.dumps({"instance": self.instance, "tensors": self.known}))

@@ -42,7 +42,7 @@ class WindowExecutor:
     def loading(self) -> dict:
         """For the manifest: the seconds the layers took to load and, of them, those the computation
         waited for (the rest it hid)."""
-        self.layers.all()
+        self.layers.all()   # the loader done, its time counted
         return {"weight_load_s": round(self.layers.load_s, 3), "weight_load_waited_s": round(self.layers.waited_s, 3)}
 
     @torch.inference_mode()
