@@ -97,13 +97,13 @@ def test_a_head_that_cannot_fit_is_refused_before_the_pass(model_path):
     # a KL comparison's Score task holds both heads: 1.25 GiB of weights, 2.1 GiB in all
     both = [(gguf, "float32"), (gguf, "float32")]
     preflight.check_heads_fit(both, "cpu", preflight.RUNTIME_BYTES + 2 * head + 2 ** 30)
-    with pytest.raises(UserError, match=r"the LM heads of the model and its KL base on cpu needs about 2\.1 GiB "
+    with pytest.raises(UserError, match=r"the LM heads of the model and its KL base on cpu need about 2\.1 GiB "
                                         r"\(1\.2 GiB of float32 weights\)"):
         preflight.check_heads_fit(both, "cpu", preflight.RUNTIME_BYTES + 2 * head)
     # a bfloat16 run against a float32 base: 0.3 + 0.6 GiB of weights, 1.8 GiB in all
     mixed = [(gguf, "bfloat16"), (gguf, "float32")]
     preflight.check_heads_fit(mixed, "cpu", preflight.RUNTIME_BYTES + head * 3 // 2 + 2 ** 30)
-    with pytest.raises(UserError, match=r"needs about 1\.8 GiB \(0\.9 GiB of bfloat16/float32 weights\)"):
+    with pytest.raises(UserError, match=r"need about 1\.8 GiB \(0\.9 GiB of bfloat16/float32 weights\)"):
         preflight.check_heads_fit(mixed, "cpu", preflight.RUNTIME_BYTES + head * 3 // 2)
 
 

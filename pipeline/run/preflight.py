@@ -205,10 +205,11 @@ def check_heads_fit(heads: list[tuple[GGUFIndex, str]], device: str, available: 
     their temporaries on the last window's device."""
     need, weights, names = heads_need(heads)
     if need > available:
-        what = f"the LM head ({names[0]})" if len(heads) == 1 else "the LM heads of the model and its KL base"
+        what = (f"the LM head ({names[0]}) on {device} needs" if len(heads) == 1
+                else f"the LM heads of the model and its KL base on {device} need")
         dtypes = "/".join(sorted({dtype for _, dtype in heads}))
         advice = "; --compute-dtype bfloat16 halves it" if dtypes == "float32" else ""
-        raise UserError(f"{what} on {device} needs about {need / GiB:.1f} GiB "
+        raise UserError(f"{what} about {need / GiB:.1f} GiB "
                         f"({weights / GiB:.1f} GiB of {dtypes} weights) but {available / GiB:.1f} GiB "
                         f"are available{advice}")
 
