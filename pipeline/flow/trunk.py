@@ -13,6 +13,7 @@ import luigi
 import numpy as np
 
 from ..errors import UserError
+from ..gguf_io.identity import boundary_tensors
 from ..numerics import numerics_identity
 from ..paths import location
 from ..run import cuda_probe
@@ -307,8 +308,6 @@ class Embed(PlacedTask):
                 **self.numerics_identity()}
 
     def weight_tensors(self) -> list[str]:
-        from ..gguf_io.identity import boundary_tensors
-
         return boundary_tensors(self.spec().gguf, 0)
 
     def execute(self):
@@ -360,8 +359,6 @@ class LayerWindow(PlacedTask):
         return f"LayerWindow [{self.first}..{self.last}) {self.device()}"
 
     def weight_tensors(self) -> list[str]:
-        from ..gguf_io.identity import boundary_tensors
-
         return boundary_tensors(self.spec().gguf, self.last)
 
     def pass_position(self) -> tuple[int, int, int, int]:
