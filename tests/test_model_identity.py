@@ -133,3 +133,25 @@ def test_the_content_sha256_is_gguf_pys_bytes_whole_or_read_in_expert_slices(tin
     expected = independent_content_sha256(copy, index.identity.model_id)
     assert index.identity.content(list(index.tensors)) == expected
     assert GGUFIndex(copy).identity.content(list(index.tensors)) == expected          # the same, read whole
+
+
+def test_a_model_read_and_dropped_keeps_no_thread_and_no_mapping(twins):
+    """A sweep or the header fuzzer opens thousands of models in one process: once a model's
+    tensors are hashed and the index dropped, its maps go with it and its hashing thread returns."""
+    import threading
+    import time
+    import weakref
+
+    from pipeline.model.arch.loading import read_tensor
+
+    index = GGUFIndex(twins[0])
+    read_tensor(index, CHANGED, "cpu", torch.float32)
+    index.identity.flush()
+    assert CHANGED in index.identity.known
+    dropped = weakref.ref(index)
+    del index
+    assert dropped() is None                                   # freed by its count, no cycle
+    deadline = time.monotonic() + 5
+    while any(t.name == "tensor-sha256" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "tensor-sha256" for t in threading.enumerate())

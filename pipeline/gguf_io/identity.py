@@ -25,6 +25,7 @@ import os
 import queue
 import struct
 import threading
+import weakref
 
 from .. import paths
 
@@ -32,6 +33,7 @@ SAMPLES = 8             # spans of each tensor read for the identity
 SAMPLE_BYTES = 4096     # bytes of each span
 HEAD_PREFIXES = ("output.", "output_norm.")   # the output norm and LM head: read by Score only
 HASHES_AHEAD = 4   # tensors read and waiting for their sha256 (their pages held until then) at most
+IDLE_S = 0.2       # the hashing thread returns after this long with nothing queued
 
 
 def sample_spans(info) -> list[tuple[int, int]]:
@@ -64,14 +66,16 @@ class FileIdentity:
     """One model (every part of a split one): its cheap identity, and its tensors' sha256s."""
 
     def __init__(self, gguf):
-        self.gguf = gguf
+        self.gguf = weakref.proxy(gguf)    # the index holds this: no cycle keeping its maps alive
         self.instance = [file_instance(p) for p in gguf.parts]
         key = hashlib.sha256(json.dumps(self.instance).encode()).hexdigest()[:32]
         self.record = paths.MODELS_CACHE / "digests" / f"{key}.json"
         self.read_at, self.kept = None, {}                # the record as last read: (mtime, size), its sha256s
         self.known: dict[str, str] = dict(self.recorded())    # tensor -> sha256
         self.slices: dict[str, dict[int, bytes]] = {}   # a tensor read in outer slices: theirs so far
-        self.hasher: tuple[int, queue.Queue] | None = None   # (process, its hashing thread's jobs)
+        self.jobs: queue.Queue | None = None        # the hashing thread's, in the process that made it
+        self.jobs_pid, self.hashing = 0, False
+        self.lock = threading.Lock()
         self.failed: BaseException | None = None
 
     @functools.cached_property
@@ -112,27 +116,39 @@ class FileIdentity:
         if name in self.known:
             then()
             return
-        if self.hasher is None or self.hasher[0] != os.getpid():   # none yet, or a forked process's
-            jobs = queue.Queue(maxsize=HASHES_AHEAD)
-            threading.Thread(target=self.hash_jobs, args=(jobs,), name="tensor-sha256", daemon=True).start()
-            self.hasher = os.getpid(), jobs
-        self.hasher[1].put((name, raw, first, then))
+        with self.lock:
+            if self.jobs_pid != os.getpid():          # none yet, or a forked process's
+                self.jobs, self.jobs_pid, self.hashing = queue.Queue(maxsize=HASHES_AHEAD), os.getpid(), False
+            if not self.hashing:
+                threading.Thread(target=self.hash_jobs, args=(self.jobs,), name="tensor-sha256", daemon=True).start()
+                self.hashing = True
+            self.jobs.put((name, raw, first, then))
 
     def hash_jobs(self, jobs: queue.Queue) -> None:
+        """Hash what `seen` queues; return once nothing came for IDLE_S (a model opened and left,
+        as a sweep or a fuzzer leaves thousands, keeps no thread and no mapping alive)."""
         while True:
-            name, raw, first, then = jobs.get()
+            try:
+                name, raw, first, then = jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self.lock:
+                    if jobs.empty():
+                        self.hashing = False
+                        return
+                continue
             try:
                 self.hash(name, raw, first)
                 then()
             except BaseException as e:   # raised in the pass's thread by flush()
                 self.failed = e
             finally:
+                del raw, then
                 jobs.task_done()
 
     def flush(self) -> None:
         """Wait until every tensor seen so far is hashed."""
-        if self.hasher is not None and self.hasher[0] == os.getpid():
-            self.hasher[1].join()
+        if self.jobs is not None and self.jobs_pid == os.getpid():
+            self.jobs.join()
         if self.failed is not None:
             failed, self.failed = self.failed, None
             raise failed
