@@ -15,7 +15,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def exact_numerics():
     """Each test starts in exact numerics: a pass in llama-cpp numerics sets them for its process."""
     yield
-    from pipeline.model.llama_cpp_numerics import set_numerics
+    from pipeline.numerics import set_numerics
     set_numerics("exact", "llama")
 
 

@@ -16,7 +16,7 @@ from pipeline.gguf_io.reader import GGUFIndex
 from pipeline.gguf_io.tokenizer import bos_rule
 from pipeline.model.arch import ARCHITECTURES, load_architecture
 from pipeline.model.arch.experts import expert_tensor_names
-from pipeline.model.llama_cpp_numerics import MODES, NOT_EMULATED, check_emulated, set_numerics
+from pipeline.numerics import MODES, NOT_EMULATED, check_emulated, set_numerics
 from pipeline.store import outputs
 from pipeline.tools.architectures import MATRIX, Member, sliced_windows
 

@@ -14,10 +14,10 @@ from pipeline.model.llama_cpp_numerics import (
     as_read,
     gelu_tanh,
     kv_cached,
-    set_numerics,
     shared_input,
     shared_rows,
 )
+from pipeline.numerics import set_numerics
 
 from .ggml_reference import ggml_quantize
 from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline

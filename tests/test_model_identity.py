@@ -155,3 +155,22 @@ def test_a_model_read_and_dropped_keeps_no_thread_and_no_mapping(twins):
     while any(t.name == "tensor-sha256" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(t.name == "tensor-sha256" for t in threading.enumerate())
+
+
+def test_a_path_keeps_one_record_valid_for_the_file_instance_it_names(tmp_path, model_path):
+    """The sha256s of a file replaced at its path are not trusted, and its record replaces the old
+    one: a path keeps one record, however often its file changes."""
+    from pipeline.model.arch.loading import read_tensor
+
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(model_path("smollm2-135m"), path)
+    first = GGUFIndex(path)
+    read_tensor(first, CHANGED, "cpu", torch.float32)
+    first.identity.save()
+    assert CHANGED in json.loads(first.identity.record.read_text())["tensors"]
+    os.utime(path, ns=(1, 1))                              # the same bytes, another instance
+    second = GGUFIndex(path)
+    assert second.identity.record == first.identity.record
+    assert CHANGED not in second.identity.known
+    second.identity.save()
+    assert CHANGED not in json.loads(second.identity.record.read_text())["tensors"]

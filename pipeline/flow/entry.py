@@ -11,6 +11,7 @@ import luigi
 from gguf import Keys
 
 from ..errors import UserError
+from ..numerics import set_numerics
 from ..paths import RUNS, is_local, location
 from ..run.placement import (
     check_tiling,
@@ -218,8 +219,8 @@ class PerplexityRun(RunTask):
         work (the boundaries are counted by the Embed task). FILE is that file linked, no second
         copy, where it is on the run root's disk and the run has one shard; else a copy, counted on
         the disk it goes to."""
-        from ..model.kld import FIELDS
         from ..run.logits_file import LogitsHeader
+        from ..run.modes.figures import FIELDS
         from ..run.preflight import GiB
 
         s = self.spec()
@@ -244,8 +245,6 @@ class PerplexityRun(RunTask):
         """The run's numerics set for this process, so that the preflight counts what they compute;
         llama-cpp numerics for a family emulated in them, computed in float32 as llama.cpp's CPU
         path computes (the model's and its KL base's)."""
-        from ..model.llama_cpp_numerics import set_numerics
-
         if self.numerics == "exact":
             set_numerics("exact", "")
             return

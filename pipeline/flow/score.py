@@ -75,10 +75,10 @@ class Score(PlacedTask):
     def execute(self):
         import torch
 
-        from ..model import kld
         from ..model.arch import load_architecture
         from ..model.scoring import predicting, sequence_codes, target_scores
         from ..run.logits_file import LogitsHeader, chunk_rows, start_file, write_rows
+        from ..run.modes.figures import FIELDS
         from ..store.arrays import load_tokens
 
         device = resolve_device(self.device())
@@ -92,7 +92,7 @@ class Score(PlacedTask):
         sources = [self.input_boundary()] + ([self.input_boundary(self.base_task())] if self.base_is_model() else [])
         n, ctx, _ = sources[0].array.shape
         offset = self.shard_sequences(plan.n_sequences).start
-        fields = kld.FIELDS if self.kl_base else ("nll",)
+        fields = FIELDS if self.kl_base else ("nll",)
         base_file = "" if self.base_is_model() else self.kl_base          # llama.cpp's base file, if that
         vocab = self.spec().gguf.metadata[Keys.Tokenizer.LIST].count
         header = LogitsHeader(ctx, vocab, plan.n_sequences)   # --kl-base-out's file, laid out whole

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..gguf_io.identity import boundary_tensors
-from ..numerics import numerics_identity
+from ..numerics import numerics_identity, set_numerics
 from ..paths import location
 from ..run import cuda_probe
 from ..run.placement import (
@@ -190,7 +190,6 @@ class PlacedTask(OutputTask):
         return [t for t in luigi.task.flatten(self.requires()) if isinstance(t, PlacedTask)]
 
     def prepare(self) -> None:
-        from ..model.llama_cpp_numerics import set_numerics
         from ..model.process import prepare_for_compute
 
         prepare_for_compute()

@@ -7,8 +7,9 @@ their headers or, imatrix variants included, in every block's scales, so in the 
 
 Two files alike but for bytes the samples miss share that name, never an output. Each tensor's
 sha256 is taken from its bytes as the pass dequantizes them (`seen`, by a thread beside the
-pass), kept per file in the models cache (by path, size, modification and change times and
-inode: a rerun of that file reads nothing to know them), and every output's manifest records
+pass), kept per file in the models cache (a record a path, valid for the file instance it
+names: size, modification and change times and inode; a rerun of that file reads nothing to
+know them), and every output's manifest records
 `content` over the tensors its numbers depend on. A completed output counts only while the
 file in hand gives that value again: a file the cache knows nothing of (a copy, an edited
 file) has those tensors hashed once, which reads them. A tensor the pass reads in part (the
@@ -68,7 +69,8 @@ class FileIdentity:
     def __init__(self, gguf):
         self.gguf = weakref.proxy(gguf)    # the index holds this: no cycle keeping its maps alive
         self.instance = [file_instance(p) for p in gguf.parts]
-        key = hashlib.sha256(json.dumps(self.instance).encode()).hexdigest()[:32]
+        # one record a path: a file replaced there replaces its record (read only for its instance)
+        key = hashlib.sha256(json.dumps([str(p) for p in gguf.parts]).encode()).hexdigest()[:32]
         self.record = paths.MODELS_CACHE / "digests" / f"{key}.json"
         self.read_at, self.kept = None, {}                # the record as last read: (mtime, size), its sha256s
         self.known: dict[str, str] = dict(self.recorded())    # tensor -> sha256

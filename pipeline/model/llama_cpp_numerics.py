@@ -13,42 +13,17 @@ in this mode: latent attention absorbed over split attn_k_b and attn_v_b (arch/d
 Grok's attention without flash attention (arch/grok.py). The tiled flash attention emulated here
 is the kernel ggml-cpu takes for a batch of 64 tokens or more.
 
-The mode is set for the process by each task that computes (`set_numerics`), before it reads
-layers; a family whose layers have not been checked against llama-perplexity in it is refused.
+The mode is set for the process by each task that computes (pipeline/numerics.py's `set_numerics`),
+before it reads layers; a family whose layers have not been checked against llama-perplexity in it
+is refused.
 """
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
 from ..gguf_io.activation_quants import VEC_DOT_TYPE, block_mins, input_product, product, product_input
 from ..gguf_io.ggml_types import GGMLType
-
-MODES = ("exact", "llama-cpp")
-# the architectures not checked against llama-perplexity's default command (every other one is, in
-# the conformance matrix), and why
-UNLOADED = "the llama.cpp it is checked against (llama-cpp-python 0.3.36) cannot load its test model"
-NOT_EMULATED = {"qwen35": UNLOADED, "qwen35moe": UNLOADED, "nemotron_h": UNLOADED, "ernie4_5-moe": UNLOADED,
-                "deepseek4": "its compressed attention's cache and grouped output products are not emulated"}
-
-_mode = "exact"
-
-
-def set_numerics(mode: str, architecture: str) -> None:
-    """Compute in `mode` from now on in this process; a family not emulated in it refused in one line."""
-    global _mode
-    check_emulated(mode, architecture)
-    _mode = mode
-
-
-def check_emulated(mode: str, architecture: str) -> None:
-    if mode == "llama-cpp" and architecture in NOT_EMULATED:
-        raise UserError(f"--numerics llama-cpp is not emulated for the {architecture} architecture "
-                        f"({NOT_EMULATED[architecture]}); use --numerics exact")
-
-
-def emulating() -> bool:
-    return _mode == "llama-cpp"
+from ..numerics import emulating
 
 
 def as_read(t: torch.Tensor, raw: np.ndarray, qtype: GGMLType) -> torch.Tensor:

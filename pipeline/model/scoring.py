@@ -1,4 +1,4 @@
-"""LM head + log-softmax NLL over the scored positions, and the llama-perplexity statistics.
+"""LM head + log-softmax NLL over the scored positions (the figures from them: run/modes/figures.py).
 
 The head is applied one slice of the vocabulary at a time (a 262k-entry vocabulary never
 materialises all its logits): the log-sum-exp, the argmax and the target's logit of each row
@@ -104,8 +104,8 @@ def target_scores(heads: list, states: list[torch.Tensor], targets: np.ndarray, 
                   base_rows: np.ndarray | None = None) -> np.ndarray:
     """states [N, hidden] predicting targets [N] (ids), one per head (the model's, and the KL
     base's), each taken in its head's compute dtype (`dtypes`) -> float64 [N, fields]: the NLL
-    alone, or kld.FIELDS; with base_rows [N, row width], a llama.cpp base file's rows of those
-    targets, kld.FIELDS against them. The rows go through the head a block at a time, so the
+    alone, or figures.FIELDS; with base_rows [N, row width], a llama.cpp base file's rows of those
+    targets, figures.FIELDS against them. The rows go through the head a block at a time, so the
     head's weights are read once a block, whatever spans the rows come from."""
     from .kld import file_token_stats, token_stats
 
@@ -136,21 +136,3 @@ def sequence_codes(head, hidden: torch.Tensor, lo: int, hi: int, row_width: int,
     per_block = max(1, LOGITS_BUDGET // vocab)
     return np.concatenate([quantized_log_probs(head, hidden[a:min(a + per_block, hi - 1)].to(device, dtype), row_width)
                            for a in range(lo - 1, hi - 1, per_block)])
-
-
-def summarize(nll_per_sequence: list[np.ndarray]) -> dict:
-    """PPL and its error the way llama-perplexity computes them, plus per-sequence figures (the
-    result's `per_window` list, named as the --per-window option)."""
-    all_nll = np.concatenate(nll_per_sequence)
-    n = all_nll.size
-    mean = float(all_nll.sum() / n)
-    var = float((all_nll ** 2).sum() / n - mean ** 2)
-    ppl = math.exp(mean)
-    stderr = ppl * math.sqrt(var / (n - 1)) if n > 1 and var > 0 else 0.0
-    per_window, total, count = [], 0.0, 0
-    for i, w in enumerate(nll_per_sequence):
-        total, count = total + float(w.sum()), count + w.size
-        per_window.append({"window": i, "tokens": int(w.size), "mean_nll": float(w.mean()),
-                           "running_ppl": math.exp(total / count)})
-    return {"ppl": ppl, "ppl_stderr": stderr, "mean_nll": mean, "tokens_scored": int(n),
-            "per_window": per_window}

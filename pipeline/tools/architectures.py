@@ -168,7 +168,7 @@ MATRIX: list[Member] = [
 
 def table() -> list[str]:
     """ARCHITECTURES.md's matrix: a row per architecture of the registry, a column per cell."""
-    from ..model.llama_cpp_numerics import NOT_EMULATED
+    from ..numerics import NOT_EMULATED
 
     lines = ["| architecture | family | tiny models | cycled | split | sliced | shards, resume | "
              "bfloat16 (nats: bound / measured) | preflight at real width | llama-cpp numerics | choice tasks |",

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..llama_cpp_numerics import emulating, kv_cached, shared_input
+from ...numerics import emulating
+from ..llama_cpp_numerics import kv_cached, shared_input
 from .rope import RopeSpec, apply_rope
 
 # the float32 scores of one block of queries (three tensors of them: scores, their transform,

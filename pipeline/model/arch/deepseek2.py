@@ -27,7 +27,8 @@ from gguf import TENSOR_NAMES, Keys
 from torch import nn
 
 from ...errors import UserError
-from ..llama_cpp_numerics import emulating, kv_cached
+from ...numerics import emulating
+from ..llama_cpp_numerics import kv_cached
 from .blocks import Attention, AttentionSpec, rms_norm
 from .family import DecoderArch, HParams, LayerSpec
 from .loading import BlockTensors

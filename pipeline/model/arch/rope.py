@@ -16,7 +16,7 @@ import torch
 from gguf import Keys
 
 from ...errors import UserError
-from ..llama_cpp_numerics import emulating
+from ...numerics import emulating
 
 SCALE_LINEAR = "{arch}.rope.scale_linear"   # the older name of rope.scaling.factor, still read by llama.cpp
 # what llama.cpp's llama/qwen/gemma/nemotron loaders use for YaRN: they read none of the

@@ -33,7 +33,7 @@ class Mode:
 
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
         """scored: per sequence, [scored targets, fields] float64 (fields: the NLL first, then
-        kld.FIELDS' others with a KL base) -> the result's keys of this mode."""
+        figures.FIELDS' others with a KL base) -> the result's keys of this mode."""
         raise NotImplementedError
 
     def report_rows(self, result: dict) -> list[tuple[str, str]]:

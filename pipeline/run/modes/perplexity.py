@@ -7,9 +7,8 @@ import numpy as np
 from gguf import Keys
 
 from ...errors import UserError
-from ...model import kld
-from ...model.scoring import summarize
 from .base import Mode, ModePlan
+from .figures import kld_figures, perplexity_figures
 
 
 class Perplexity(Mode):
@@ -38,7 +37,7 @@ class Perplexity(Mode):
         return ModePlan(tokens, plan_sequences(tokens, spec.method, spec.bos_id, whole_sequences=whole), {})
 
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
-        return summarize([rows[:, 0] for rows in scored])
+        return perplexity_figures([rows[:, 0] for rows in scored])
 
     def report_rows(self, r: dict) -> list[tuple[str, str]]:
         return [
@@ -65,7 +64,7 @@ class KLDivergence(Perplexity):
     name = "kl-divergence"
 
     def reduce(self, scored: list[np.ndarray], attrs: dict) -> dict:
-        return super().reduce(scored, attrs) | {"kld": kld.summarize(np.concatenate(scored))}
+        return super().reduce(scored, attrs) | {"kld": kld_figures(np.concatenate(scored))}
 
     def report_rows(self, r: dict) -> list[tuple[str, str]]:
         k = r["kld"]
