@@ -75,9 +75,7 @@ class FileIdentity:
         self.read_at, self.kept = None, {}                # the record as last read: (mtime, size), its sha256s
         self.known: dict[str, str] = dict(self.recorded())    # tensor -> sha256
         self.slices: dict[str, dict[int, bytes]] = {}   # a tensor read in outer slices: theirs so far
-        self.jobs: queue.Queue | None = None        # the hashing thread's, in the process that made it
-        self.jobs_pid, self.hashing = 0, False
-        self.lock = threading.Lock()
+        self.new_hasher()
         self.failed: BaseException | None = None
 
     @functools.cached_property
@@ -118,13 +116,18 @@ class FileIdentity:
         if name in self.known:
             then()
             return
+        if self.pid != os.getpid():        # a forked process: its parent's thread and lock are not its own
+            self.new_hasher()
         with self.lock:
-            if self.jobs_pid != os.getpid():          # none yet, or a forked process's
-                self.jobs, self.jobs_pid, self.hashing = queue.Queue(maxsize=HASHES_AHEAD), os.getpid(), False
             if not self.hashing:
                 threading.Thread(target=self.hash_jobs, args=(self.jobs,), name="tensor-sha256", daemon=True).start()
                 self.hashing = True
             self.jobs.put((name, raw, first, then))
+
+    def new_hasher(self) -> None:
+        """This process's queue of tensors to hash, its lock, and no hashing thread yet."""
+        self.jobs, self.lock = queue.Queue(maxsize=HASHES_AHEAD), threading.Lock()
+        self.pid, self.hashing = os.getpid(), False
 
     def hash_jobs(self, jobs: queue.Queue) -> None:
         """Hash what `seen` queues; return once nothing came for IDLE_S (a model opened and left,
@@ -149,7 +152,7 @@ class FileIdentity:
 
     def flush(self) -> None:
         """Wait until every tensor seen so far is hashed."""
-        if self.jobs is not None and self.jobs_pid == os.getpid():
+        if self.pid == os.getpid():
             self.jobs.join()
         if self.failed is not None:
             failed, self.failed = self.failed, None
