@@ -1,7 +1,7 @@
 """The conformance matrix (pipeline/tools/architectures.py): every member, a tiny model of one
 architecture, through the Luigi tasks: cycled, split, sliced, sharded and resumed passes give the
 whole trunk's NLL bit for bit, bfloat16 stays within the member's bound, llama-cpp numerics come to
-llama-perplexity's; and no architecture of the registry is left out."""
+llama-perplexity's and hold through the windows; and no architecture of the registry is left out."""
 import multiprocessing
 import os
 import random
@@ -265,6 +265,21 @@ def test_llama_cpp_numerics_give_llama_perplexitys_nll(name, tiny_model, tmp_pat
         nll = F.cross_entropy(logits.transpose(1, 2), ids[:, first:], reduction="none")
         agree[mode] = ((nll - torch.from_numpy(reference)).abs() < 1e-3).float().mean().item()
     assert agree["exact"] < 0.1 <= agree["llama-cpp"], agree
+
+
+@pytest.mark.parametrize("name", sorted(n for n in BY_NAME if BY_NAME[n].architecture not in NOT_EMULATED))
+def test_llama_cpp_numerics_in_one_layer_windows_equal_the_whole_trunk(name, tiny_model, tmp_path):
+    """The member in 8 bits through the Luigi tasks in llama-cpp numerics: 1-layer windows give the
+    whole trunk's numbers in the mode bit for bit (the mode holds in every window task, for the
+    layers it reads and the cache it rounds), and those are not exact numerics' numbers. A window
+    task that computed in exact numerics fails it."""
+    m = BY_NAME[name]
+    run = dict(model=str(member_in_8_bits(m, tmp_path, tiny_model)), ctx=m.ctx, **COMMON)
+    whole_trunk = run_pipeline(tmp_path / "whole", window_layers=0, numerics="llama-cpp", **run)
+    cycled = run_pipeline(tmp_path / "cycled", window_layers=1, numerics="llama-cpp", **run)
+    assert len(cycled["placement"]) == cycled["model"]["n_layers"] and cycled["numerics"] == "llama-cpp"
+    assert same_numbers(cycled, whole_trunk)
+    assert not same_numbers(run_pipeline(tmp_path / "exact", window_layers=0, **run), whole_trunk)
 
 
 def test_the_architecture_page_shows_the_matrix():
