@@ -1,5 +1,5 @@
 """The figures a run reports, from its per-token numbers, as llama-perplexity computes them
-(numpy only: a rerun that finds its scores done reduces them without torch)."""
+(numpy only: reducing a run's scores needs no torch)."""
 import math
 
 import numpy as np
