@@ -7,13 +7,13 @@ their headers or, imatrix variants included, in every block's scales, so in the 
 
 Two files alike but for bytes the samples miss share that name, never an output. Each tensor's
 sha256 is taken from its bytes as the pass dequantizes them (`seen`, by a thread beside the
-pass), kept per file in the models cache (a record a path, valid for the file instance it
-names: size, modification and change times and inode; a rerun of that file reads nothing to
-know them), and every output's manifest records
-`content` over the tensors its numbers depend on. A completed output counts only while the
-file in hand gives that value again: a file the cache knows nothing of (a copy, an edited
-file) has those tensors hashed once, which reads them. A tensor the pass reads in part (the
-token embedding's used rows) is hashed whole when an output first needs it.
+pass), kept in the models cache (a record a path, valid for the file instance it names: size,
+modification and change times and inode; a rerun of that file reads nothing to know them), and
+every output's manifest records `content` over the tensors its numbers depend on. A completed
+output counts only while the file in hand gives that value again: a file the cache knows
+nothing of (a copy, an edited file) has those tensors hashed once, which reads them. A tensor
+the pass reads in part (the token embedding's used rows) is hashed whole when an output first
+needs it.
 
 A tensor's sha256 is that of its bytes; one of three or more dimensions (stacked experts, read
 a slice of experts at a time) has the sha256 of its outer slices' sha256s, so that any slicing
