@@ -77,9 +77,11 @@ def _graph_api():
     base = ggml()
     base.ggml_init.restype, base.ggml_init.argtypes = ctypes.c_void_p, [InitParams]
     for name, args in (("ggml_new_tensor_1d", [ctypes.c_int, ctypes.c_int64]),
+                       ("ggml_new_tensor_2d", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64]),
                        ("ggml_new_tensor_3d", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]),
                        ("ggml_rope_ext", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                           ctypes.c_int] + [ctypes.c_float] * 6),
+                       ("ggml_rms_norm", [ctypes.c_void_p, ctypes.c_float]),
                        ("ggml_new_graph", [])):
         getattr(base, name).restype, getattr(base, name).argtypes = ctypes.c_void_p, [ctypes.c_void_p, *args]
     base.ggml_build_forward_expand.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
@@ -89,25 +91,40 @@ def _graph_api():
     return base, cpu
 
 
-def rope_cos_sin(dim: int, freq_base: float, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin [n_pos, dim / 2] float32 of ggml's rope (ggml_rope_ext, pairs side by side, no
-    scaling) at positions 0 .. n_pos - 1: the rotation of (1, 0) in every pair."""
+def _computed(op, *inputs: np.ndarray) -> np.ndarray:
+    """op(base, ctx, *tensors) -> the ggml tensor to compute, over `inputs` (float32 or int32, each
+    copied into a tensor of its shape, axes reversed as ggml counts them); its float32 result, of the
+    first input's shape, computed on one thread of the CPU backend."""
     base, cpu = _graph_api()
     ctx = base.ggml_init(InitParams(64 << 20, None, False))
     try:
-        x = base.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, dim, 1, n_pos)
-        pos = base.ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n_pos)
-        ones = np.zeros((n_pos, 1, dim), np.float32)
-        ones[..., 0::2] = 1
-        ctypes.memmove(base.ggml_get_data(x), ones.ctypes.data, ones.nbytes)
-        positions = np.arange(n_pos, dtype=np.int32)
-        ctypes.memmove(base.ggml_get_data(pos), positions.ctypes.data, positions.nbytes)
-        rotated = base.ggml_rope_ext(ctx, x, pos, None, dim, 0, 0, freq_base, 1.0, 0.0, 1.0, 0.0, 0.0)
+        tensors = []
+        for a in inputs:
+            new = getattr(base, f"ggml_new_tensor_{a.ndim}d")
+            t = new(ctx, GGML_TYPE_F32 if a.dtype == np.float32 else GGML_TYPE_I32, *reversed(a.shape))
+            ctypes.memmove(base.ggml_get_data(t), np.ascontiguousarray(a).ctypes.data, a.nbytes)
+            tensors.append(t)
+        result = op(base, ctx, *tensors)
         graph = base.ggml_new_graph(ctx)
-        base.ggml_build_forward_expand(graph, rotated)
+        base.ggml_build_forward_expand(graph, result)
         cpu.ggml_graph_compute_with_ctx(ctx, graph, 1)
-        out = np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(rotated), ctypes.POINTER(ctypes.c_float)),
-                                    shape=(n_pos, dim)).copy()
+        return np.ctypeslib.as_array(ctypes.cast(base.ggml_get_data(result), ctypes.POINTER(ctypes.c_float)),
+                                     shape=inputs[0].shape).copy()
     finally:
         base.ggml_free(ctx)
+
+
+def rope_cos_sin(dim: int, freq_base: float, n_pos: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin [n_pos, dim / 2] float32 of ggml's rope (ggml_rope_ext, pairs side by side, no
+    scaling) at positions 0 .. n_pos - 1: the rotation of (1, 0) in every pair."""
+    ones = np.zeros((n_pos, 1, dim), np.float32)
+    ones[..., 0::2] = 1
+    out = _computed(lambda base, ctx, x, pos: base.ggml_rope_ext(ctx, x, pos, None, dim, 0, 0, freq_base, 1.0, 0.0,
+                                                                  1.0, 0.0, 0.0),
+                    ones, np.arange(n_pos, dtype=np.int32)).reshape(n_pos, dim)
     return out[:, 0::2], out[:, 1::2]
+
+
+def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
+    """float32 rows [n, k] normed as ggml's rms_norm computes it (ggml_rms_norm, no weight)."""
+    return _computed(lambda base, ctx, t: base.ggml_rms_norm(ctx, t, eps), x.astype(np.float32))

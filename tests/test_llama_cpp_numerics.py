@@ -17,8 +17,9 @@ from pipeline.model.llama_cpp_numerics import (
     shared_input,
     shared_rows,
 )
-from pipeline.numerics import set_numerics
+from pipeline.numerics import MODES, set_numerics
 
+from . import llama_cpp_layers
 from .ggml_reference import ggml_quantize
 from .helpers import HEAD40K, assert_one_line_error, luigi_cli, run_pipeline
 from .test_perplexity import SMOLLM2_RUNNING
@@ -109,6 +110,47 @@ def test_llama_cpp_numerics_round_the_cache_and_read_gelu_from_float16(llama_cpp
     inside = x.abs() < 10            # outside, 0 or x itself
     assert torch.equal(table[inside], table[inside].half().float()) and torch.equal(table[x >= 10], x[x >= 10])
     assert (table - F.gelu(x, approximate="tanh")).abs().max() < 5e-3
+
+
+def test_rms_norm_is_ggmls_bit_for_bit(llama_cpp):
+    """RMSNorm as ggml's rms_norm computes it (libggml through ctypes), over rows of the scales a
+    residual stream has: every value the same, where exact numerics (a float32 mean of the squares)
+    land a step away in some rows, and the Q8 quantizer after a norm rounds on that step."""
+    from pipeline.model.arch.blocks import rms_norm
+
+    from . import ggml_cpu
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((256, 640)) * np.exp(rng.normal(0, 2, (256, 1)))).astype(np.float32)
+    reference = ggml_cpu.rms_norm(x, 1e-6)
+    assert np.array_equal(rms_norm(torch.from_numpy(x), None, 1e-6).numpy(), reference)
+    set_numerics("exact", "llama")
+    assert not np.array_equal(rms_norm(torch.from_numpy(x), None, 1e-6).numpy(), reference)
+
+
+@pytest.mark.parametrize("model", llama_cpp_layers.MODELS)
+def test_a_first_layer_computes_what_llama_cpp_computes(model, model_path):
+    """The first layer of a registered model over 64 tokens, against llama.cpp's own output of it
+    (tests/llama_cpp_layers.py): in llama-cpp numerics llama.cpp's values to float32 rounding in
+    the median row (2e-7 of the layer's update measured; a row where a value fell on the other
+    side of an 8-bit rounding lies further), where exact numerics lie 6e-3 to 1e-2 away and a
+    mean square summed in float32 3e-3 (Gemma-3) and 7e-4 (SmolLM2)."""
+    from pipeline.gguf_io.reader import open_gguf
+    from pipeline.model.arch import load_architecture
+    from pipeline.model.arch.modules import Tables
+
+    tokens, reference = llama_cpp_layers.read()[model]
+    arch = load_architecture(open_gguf(model_path(model)))
+    ids = torch.from_numpy(tokens).long()[None]                               # [1, 64]
+    error = {}
+    for mode in MODES:
+        set_numerics(mode, arch.gguf.architecture)
+        with torch.inference_mode():
+            x = arch.embed(ids, "cpu", torch.float32)                         # [1, 64, hidden]
+            out = arch.load_layer(0, torch.device("cpu"), torch.float32)(x, Tables(len(tokens), "cpu", torch.float32), {})
+        update = reference - x[0].numpy()
+        error[mode] = float(np.median(np.abs(out[0].numpy() - reference).max(1) / np.abs(update).max(1)))
+    assert error["llama-cpp"] < 1e-6 and error["exact"] > 1e-3, error
 
 
 def test_rope_angles_are_ggmls(llama_cpp):

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import UserError
 from ..gguf_io.identity import boundary_tensors
-from ..numerics import numerics_identity, set_numerics
+from ..numerics import mode_identity, numerics_identity, set_numerics
 from ..paths import location
 from ..run import cuda_probe
 from ..run.placement import (
@@ -96,9 +96,7 @@ class PlacedTask(OutputTask):
         return numerics_identity(ARCHITECTURES[self.spec().gguf.architecture].numerics)
 
     def mode_identity(self) -> dict:
-        """The numerics mode of an output the layers or the head compute; exact adds nothing, so the
-        outputs made before the mode existed keep their names."""
-        return {"numerics_mode": self.numerics} if self.numerics != "exact" else {}
+        return mode_identity(self.numerics)
 
     def shard_identity(self) -> dict:
         return {"shard": [self.shard, self.shards]} if self.shards > 1 else {}

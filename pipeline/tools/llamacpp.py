@@ -54,6 +54,12 @@ def ggml_cpu_library(version: str) -> Path:
     return _built(version, "ggml-cpu", "libggml-cpu.so")
 
 
+def llama_library(version: str) -> Path:
+    """llama.cpp's library (libllama.so) of llama-cpp-python `version`, built once: what its Python
+    bindings (the sdist's llama_cpp package) load."""
+    return _built(version, "llama", "libllama.so")
+
+
 def _built(version: str, target: str, file: str) -> Path:
     # Built for this CPU without AMX: the AMX kernels of this llama.cpp stop with an illegal
     # instruction on Xeons that have it (the AVX-512 VNNI kernels are used instead).

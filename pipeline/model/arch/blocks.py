@@ -53,8 +53,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
     # normalised in float32 (or wider) whatever the compute dtype, as every reference does; no
     # weight: the plain (L2) normalisation
     xf = wide(x)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xf = xf * torch.rsqrt(mean_square(xf) + eps)
     return (xf if weight is None else xf * weight).to(x.dtype)
+
+
+def mean_square(x: torch.Tensor) -> torch.Tensor:
+    """The mean of x's squares over its last axis [..., 1]; in llama-cpp numerics as ggml-cpu's
+    rms_norm takes it: the float32 squares summed in float64, the mean rounded to float32 (a sum
+    in float32 lands a step away in a fifth of the rows, and a Q8 quantizer downstream rounds on
+    that step)."""
+    if emulating():
+        return (x * x).double().mean(-1, keepdim=True).to(x.dtype)
+    return x.pow(2).mean(-1, keepdim=True)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
