@@ -142,12 +142,12 @@ def test_a_first_layer_computes_what_llama_cpp_computes(model, model_path):
     tokens, reference = llama_cpp_layers.read()[model]
     arch = load_architecture(open_gguf(model_path(model)))
     ids = torch.from_numpy(tokens).long()[None]                               # [1, 64]
-    error = {}
+    tables, error = Tables(len(tokens), torch.device("cpu"), torch.float32), {}
     for mode in MODES:
         set_numerics(mode, arch.gguf.architecture)
         with torch.inference_mode():
             x = arch.embed(ids, "cpu", torch.float32)                         # [1, 64, hidden]
-            out = arch.load_layer(0, torch.device("cpu"), torch.float32)(x, Tables(len(tokens), "cpu", torch.float32), {})
+            out = arch.load_layer(0, torch.device("cpu"), torch.float32)(x, tables, {})
         update = reference - x[0].numpy()
         error[mode] = float(np.median(np.abs(out[0].numpy() - reference).max(1) / np.abs(update).max(1)))
     assert error["llama-cpp"] < 1e-6 and error["exact"] > 1e-3, error
