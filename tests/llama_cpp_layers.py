@@ -20,12 +20,12 @@ import numpy as np
 from pipeline.gguf_io.registry import fetch_model
 from pipeline.tools.llamacpp import llama_cpp_source, llama_library
 
+from .ggml_reference import LLAMA_CPP_PYTHON
 from .helpers import HEAD40K, REFERENCE
 
 STORED = REFERENCE / "llama-cpp-layers.npz"
 MODELS = ("smollm2-135m", "gemma3-270m")
 TOKENS = 64
-LLAMA_CPP_PYTHON = "0.3.36"
 
 
 def read() -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -47,11 +47,13 @@ def bindings():
 
 
 def first_layer_output(model: str, tokens: np.ndarray) -> np.ndarray:
+    """llama.cpp's `l_out-0` [len(tokens), hidden] float32 of the registered `model` over `tokens`,
+    decoded as one batch at positions 0 ..."""
     llama, ggml = bindings()
     ggml.ggml_get_name.restype, ggml.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
     ggml.ggml_nbytes.restype, ggml.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
     ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-    read = {}
+    found = {}
 
     @llama.ggml_backend_sched_eval_callback
     def callback(tensor, ask, _):
@@ -60,7 +62,7 @@ def first_layer_output(model: str, tokens: np.ndarray) -> np.ndarray:
         if not ask:
             out = np.empty(ggml.ggml_nbytes(tensor) // 4, np.float32)
             ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
-            read["l_out-0"] = out.reshape(len(tokens), -1)
+            found["l_out-0"] = out.reshape(len(tokens), -1)
         return True
 
     llama.llama_backend_init()
@@ -80,7 +82,7 @@ def first_layer_output(model: str, tokens: np.ndarray) -> np.ndarray:
     llama.llama_batch_free(batch)
     llama.llama_free(context)
     llama.llama_model_free(loaded)
-    return read["l_out-0"]
+    return found["l_out-0"]
 
 
 def main() -> None:
