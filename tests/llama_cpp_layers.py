@@ -20,7 +20,7 @@ import numpy as np
 from pipeline.gguf_io.registry import fetch_model
 from pipeline.tools.llamacpp import llama_cpp_source, llama_library
 
-from .ggml_reference import LLAMA_CPP_PYTHON
+from .ggml_reference import LLAMA_CPP_PYTHON, ggml
 from .helpers import HEAD40K, REFERENCE
 
 STORED = REFERENCE / "llama-cpp-layers.npz"
@@ -35,33 +35,34 @@ def read() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def bindings():
-    """The sdist's llama_cpp.llama_cpp (ctypes bindings) over the library built here; its package's
-    __init__, which needs the high-level API's dependencies, is not run."""
+    """The sdist's llama_cpp.llama_cpp (ctypes bindings) over the library built here (libggml-base
+    beside it, which ggml_reference loads); its package's __init__, which needs the high-level API's
+    dependencies, is not run."""
     library = llama_library(LLAMA_CPP_PYTHON)
     package = types.ModuleType("llama_cpp")
     package.__path__ = [str(llama_cpp_source(LLAMA_CPP_PYTHON).parents[1] / "llama_cpp")]
     sys.modules.setdefault("llama_cpp", package)
     os.environ["LLAMA_CPP_LIB_PATH"] = str(library.parent)
     import llama_cpp.llama_cpp as llama
-    return llama, ctypes.CDLL(str(library.parent / "libggml-base.so"))
+    return llama
 
 
 def first_layer_output(model: str, tokens: np.ndarray) -> np.ndarray:
     """llama.cpp's `l_out-0` [len(tokens), hidden] float32 of the registered `model` over `tokens`,
     decoded as one batch at positions 0 ..."""
-    llama, ggml = bindings()
-    ggml.ggml_get_name.restype, ggml.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
-    ggml.ggml_nbytes.restype, ggml.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
-    ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+    llama, base = bindings(), ggml()
+    base.ggml_get_name.restype, base.ggml_get_name.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
+    base.ggml_nbytes.restype, base.ggml_nbytes.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    base.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     found = {}
 
     @llama.ggml_backend_sched_eval_callback
     def callback(tensor, ask, _):
-        if ggml.ggml_get_name(tensor) != b"l_out-0":
+        if base.ggml_get_name(tensor) != b"l_out-0":
             return not ask   # asked: not wanted; computed: go on
         if not ask:
-            out = np.empty(ggml.ggml_nbytes(tensor) // 4, np.float32)
-            ggml.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
+            out = np.empty(base.ggml_nbytes(tensor) // 4, np.float32)
+            base.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, out.nbytes)
             found["l_out-0"] = out.reshape(len(tokens), -1)
         return True
 
